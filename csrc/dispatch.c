@@ -1,0 +1,195 @@
+/*
+ * dispatch.c - type traits, CPU detection and the public entry points that
+ * pick a kernel by (tier, type). The tier is detected once, at first use.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+
+typedef struct {
+    const char *name;
+    int64_t block_size;
+    int64_t type_size;
+    int vec_dot_type;  /* activation format, -1 for none; F32 means float32 activations */
+} type_traits;
+
+static const type_traits traits[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_F32] = {"F32", 1, 4, PYLLM_TYPE_F32},
+    [PYLLM_TYPE_F16] = {"F16", 1, 2, PYLLM_TYPE_F32},
+    [PYLLM_TYPE_BF16] = {"BF16", 1, 2, PYLLM_TYPE_F32},
+    [PYLLM_TYPE_Q4_0] = {"Q4_0", QK32, sizeof(block_q4_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q4_1] = {"Q4_1", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q5_0] = {"Q5_0", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q8_0] = {"Q8_0", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), PYLLM_TYPE_Q8_K},
+    [PYLLM_TYPE_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), PYLLM_TYPE_Q8_K},
+    [PYLLM_TYPE_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), PYLLM_TYPE_Q8_K},
+    [PYLLM_TYPE_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K), PYLLM_TYPE_Q8_K},
+    [PYLLM_TYPE_Q6_K] = {"Q6_K", QK_K, sizeof(block_q6_K), PYLLM_TYPE_Q8_K},
+    [PYLLM_TYPE_Q8_K] = {"Q8_K", QK_K, sizeof(block_q8_K), -1},
+};
+
+static inline int type_known(int type) {
+    return type >= 0 && type < PYLLM_TYPE_COUNT && traits[type].name != NULL;
+}
+
+int64_t pyllm_type_block_size(int type) { return type_known(type) ? traits[type].block_size : 0; }
+int64_t pyllm_type_size(int type) { return type_known(type) ? traits[type].type_size : 0; }
+const char *pyllm_type_name(int type) { return type_known(type) ? traits[type].name : "?"; }
+int pyllm_vec_dot_type(int type) { return type_known(type) ? traits[type].vec_dot_type : -1; }
+int pyllm_can_quantize(int type) { return type_known(type) && quantize_table[type] != NULL; }
+
+/* ------------------------------------------------------------------------ */
+/* CPU tiers                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static const vec_dot_fn *const tier_tables[PYLLM_TIER_COUNT] = {
+    vec_dot_table_generic, vec_dot_table_avx2, vec_dot_table_avx512, vec_dot_table_avx512_vnni,
+};
+
+static const char *const tier_names[PYLLM_TIER_COUNT] = {"generic", "avx2", "avx512", "avx512_vnni"};
+
+static int best_tier = -1;
+static _Atomic int active_tier = -1;
+
+static int detect_best_tier(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return PYLLM_TIER_GENERIC;
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))) {
+        return PYLLM_TIER_AVX2;
+    }
+    return __builtin_cpu_supports("avx512vnni") ? PYLLM_TIER_AVX512_VNNI : PYLLM_TIER_AVX512;
+#else
+    return PYLLM_TIER_GENERIC;
+#endif
+}
+
+static void init_once(void) {
+    pyllm_init_tables();
+    best_tier = detect_best_tier();
+    int tier = best_tier;
+    const char *forced = getenv("PYLLM_TIER");  /* e.g. PYLLM_TIER=generic: run the references */
+    if (forced != NULL) {
+        for (int t = 0; t <= best_tier; ++t) {
+            if (strcmp(forced, tier_names[t]) == 0) tier = t;
+        }
+    }
+    atomic_store(&active_tier, tier);
+}
+
+/* Called by every entry point that needs the tables or the tier. */
+static void ensure_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, init_once);
+}
+
+int pyllm_cpu_best_tier(void) { ensure_init(); return best_tier; }
+int pyllm_active_tier(void) { ensure_init(); return atomic_load(&active_tier); }
+
+int pyllm_set_tier(int tier) {
+    ensure_init();
+    if (tier < 0 || tier > best_tier) return PYLLM_ERR_TIER;
+    atomic_store(&active_tier, tier);
+    return PYLLM_OK;
+}
+
+const char *pyllm_tier_name(int tier) {
+    return tier >= 0 && tier < PYLLM_TIER_COUNT ? tier_names[tier] : "?";
+}
+
+int pyllm_physical_cores(void) {
+    /* Count distinct (physical id, core id) pairs; fall back to online CPUs. */
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int fallback = online > 0 ? (int)online : 1;
+    if (f == NULL) return fallback;
+    char line[256];
+    int physical = 0, seen = 0;
+    int pairs[1024][2];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int value;
+        if (sscanf(line, "physical id : %d", &value) == 1) {
+            physical = value;
+        } else if (sscanf(line, "core id : %d", &value) == 1) {
+            int known = 0;
+            for (int i = 0; i < seen; ++i) known |= pairs[i][0] == physical && pairs[i][1] == value;
+            if (!known && seen < 1024) {
+                pairs[seen][0] = physical;
+                pairs[seen][1] = value;
+                seen++;
+            }
+        }
+    }
+    fclose(f);
+    return seen > 0 && seen <= fallback ? seen : fallback;
+}
+
+/* The kernel of this tier, or of the highest lower tier that has one. */
+vec_dot_fn pyllm_vec_dot_kernel(int tier, int type) {
+    for (int t = tier; t >= 0; --t) {
+        if (tier_tables[t][type] != NULL) return tier_tables[t][type];
+    }
+    return NULL;
+}
+
+vec_dot_fn pyllm_active_vec_dot(int type) { return pyllm_vec_dot_kernel(pyllm_active_tier(), type); }
+
+/* ------------------------------------------------------------------------ */
+/* row conversions and vec_dot                                               */
+/* ------------------------------------------------------------------------ */
+
+static int check_row(int type, int64_t n) {
+    if (!type_known(type)) return PYLLM_ERR_TYPE;
+    if (n <= 0 || n % traits[type].block_size != 0) return PYLLM_ERR_SHAPE;
+    return PYLLM_OK;
+}
+
+int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n) {
+    ensure_init();
+    int status = check_row(type, n);
+    if (status != PYLLM_OK) return status;
+    dequantize_table[type](src, dst, n);
+    return PYLLM_OK;
+}
+
+int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n) {
+    ensure_init();
+    int status = check_row(type, n);
+    if (status != PYLLM_OK) return status;
+    if (quantize_table[type] == NULL) return PYLLM_ERR_TYPE;
+    quantize_table[type](src, dst, n);
+    return PYLLM_OK;
+}
+
+int pyllm_vec_dot(int tier, int type, const void *w, const void *act, int64_t n, float *out) {
+    ensure_init();
+    if (tier < 0 || tier > best_tier) return PYLLM_ERR_TIER;
+    int status = check_row(type, n);
+    if (status != PYLLM_OK) return status;
+    vec_dot_fn kernel = pyllm_vec_dot_kernel(tier, type);
+    if (kernel == NULL) return PYLLM_ERR_TYPE;
+    *out = kernel(n, w, act);
+    return PYLLM_OK;
+}
+
+int pyllm_quantize_activations(int weight_type, const float *x, void *dst, int64_t n) {
+    const int act_type = traits[weight_type].vec_dot_type;
+    if (act_type == PYLLM_TYPE_F32) {
+        memcpy(dst, x, (size_t)n * sizeof(float));
+    } else {
+        quantize_table[act_type](x, dst, n);
+    }
+    return PYLLM_OK;
+}
+
+int64_t pyllm_activation_row_bytes(int weight_type, int64_t n) {
+    const int act_type = traits[weight_type].vec_dot_type;
+    return n / traits[act_type].block_size * traits[act_type].type_size;
+}

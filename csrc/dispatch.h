@@ -1,0 +1,22 @@
+/*
+ * dispatch.h - internal interface between the dispatcher and the ops that
+ * use its kernels (matmul).
+ */
+#ifndef PYLLM_DISPATCH_H
+#define PYLLM_DISPATCH_H
+
+#include "quants.h"
+
+/* The vec_dot kernel of `tier` for weight `type` (falling back to lower tiers). */
+vec_dot_fn pyllm_vec_dot_kernel(int tier, int type);
+
+/* The kernel of the active tier. */
+vec_dot_fn pyllm_active_vec_dot(int type);
+
+/* x[n] float32 -> one row of the activation format paired with weight_type. */
+int pyllm_quantize_activations(int weight_type, const float *x, void *dst, int64_t n);
+
+/* Bytes of one activation row of n elements for weight_type. */
+int64_t pyllm_activation_row_bytes(int weight_type, int64_t n);
+
+#endif /* PYLLM_DISPATCH_H */

@@ -1,0 +1,88 @@
+/*
+ * matmul.c - Y[M,N] = X[M,K] . W[N,K]^T over quantized weight rows.
+ *
+ * X rows are first converted to the activation format of W's type (q8_0,
+ * q8_K or float32), split across threads by row. Then each thread computes a
+ * contiguous range of output columns (weight rows) for every X row, with the
+ * same vec_dot kernel whatever M and the thread count: an output element
+ * depends only on its weight row and its X row, never on how work was split.
+ */
+#include <stdlib.h>
+
+#include "dispatch.h"
+#include "threadpool.h"
+
+/* Weight rows handled together, so a tile of W stays in cache across X rows. */
+#define ROW_TILE 16
+
+typedef struct {
+    vec_dot_fn kernel;
+    int type;
+    const uint8_t *w;      /* (n, w_row_bytes) */
+    int64_t w_row_bytes;
+    int64_t n, k, m;
+    const float *x;        /* (m, k) */
+    uint8_t *act;          /* (m, act_row_bytes) */
+    int64_t act_row_bytes;
+    float *y;              /* (m, n) */
+} matmul_job;
+
+static inline void split_range(int64_t total, int ith, int nth, int64_t *begin, int64_t *end) {
+    *begin = total * ith / nth;
+    *end = total * (ith + 1) / nth;
+}
+
+static void quantize_task(void *arg, int ith, int nth) {
+    const matmul_job *job = arg;
+    int64_t begin, end;
+    split_range(job->m, ith, nth, &begin, &end);
+    for (int64_t r = begin; r < end; ++r) {
+        pyllm_quantize_activations(job->type, job->x + r * job->k, job->act + r * job->act_row_bytes, job->k);
+    }
+}
+
+static void dot_task(void *arg, int ith, int nth) {
+    const matmul_job *job = arg;
+    int64_t begin, end;
+    split_range(job->n, ith, nth, &begin, &end);
+    for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
+        const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
+        for (int64_t r = 0; r < job->m; ++r) {
+            const uint8_t *act = job->act + r * job->act_row_bytes;
+            float *y = job->y + r * job->n;
+            for (int64_t c = tile; c < tile_end; ++c) {
+                y[c] = job->kernel(job->k, job->w + c * job->w_row_bytes, act);
+            }
+        }
+    }
+}
+
+int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
+                 float *y, int n_threads) {
+    const int64_t block_size = pyllm_type_block_size(type);
+    if (block_size == 0 || pyllm_vec_dot_type(type) < 0) return PYLLM_ERR_TYPE;
+    if (n <= 0 || k <= 0 || m <= 0 || k % block_size != 0) return PYLLM_ERR_SHAPE;
+    if (pyllm_vec_dot_type(type) == PYLLM_TYPE_Q8_K && k % QK_K != 0) return PYLLM_ERR_SHAPE;
+    if (n_threads <= 0) n_threads = pyllm_physical_cores();
+    if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
+
+    matmul_job job = {
+        .kernel = pyllm_active_vec_dot(type),
+        .type = type,
+        .w = w,
+        .w_row_bytes = k / block_size * pyllm_type_size(type),
+        .n = n, .k = k, .m = m,
+        .x = x,
+        .act_row_bytes = pyllm_activation_row_bytes(type, k),
+        .y = y,
+    };
+    if (job.kernel == NULL) return PYLLM_ERR_TYPE;
+    job.act = malloc((size_t)(m * job.act_row_bytes));
+    if (job.act == NULL) return PYLLM_ERR_NOMEM;
+
+    const int quantize_threads = m < n_threads ? (int)m : n_threads;
+    int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
+    if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
+    free(job.act);
+    return status;
+}

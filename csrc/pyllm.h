@@ -1,0 +1,86 @@
+/*
+ * pyllm.h - the C core's public interface, the one header cffi binds.
+ *
+ * Everything between the cffi-begin and cffi-end markers is read by
+ * pyllm/_build.py as the cffi cdef, so it holds plain declarations only.
+ *
+ * Tensor type ids are ggml's (GGUF stores them). Rows are ne0 elements long,
+ * stored as ne0 / block_size blocks of type_size bytes.
+ */
+#ifndef PYLLM_H
+#define PYLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cffi-begin */
+enum pyllm_type {
+    PYLLM_TYPE_F32  = 0,
+    PYLLM_TYPE_F16  = 1,
+    PYLLM_TYPE_Q4_0 = 2,
+    PYLLM_TYPE_Q4_1 = 3,
+    PYLLM_TYPE_Q5_0 = 6,
+    PYLLM_TYPE_Q5_1 = 7,
+    PYLLM_TYPE_Q8_0 = 8,
+    PYLLM_TYPE_Q2_K = 10,
+    PYLLM_TYPE_Q3_K = 11,
+    PYLLM_TYPE_Q4_K = 12,
+    PYLLM_TYPE_Q5_K = 13,
+    PYLLM_TYPE_Q6_K = 14,
+    PYLLM_TYPE_Q8_K = 15,
+    PYLLM_TYPE_BF16 = 30,
+    PYLLM_TYPE_COUNT = 31
+};
+
+/* SIMD tiers, ordered: a CPU that runs a tier runs every lower one. */
+enum pyllm_tier {
+    PYLLM_TIER_GENERIC = 0,      /* portable scalar C: the reference */
+    PYLLM_TIER_AVX2 = 1,         /* AVX2 + FMA + F16C */
+    PYLLM_TIER_AVX512 = 2,       /* AVX-512 F/BW/VL/DQ */
+    PYLLM_TIER_AVX512_VNNI = 3,  /* the above + AVX-512 VNNI */
+    PYLLM_TIER_COUNT = 4
+};
+
+/* Error codes returned by the int-valued functions below. */
+enum pyllm_status {
+    PYLLM_OK = 0,
+    PYLLM_ERR_TYPE = -1,      /* type id unknown or unsupported for this operation */
+    PYLLM_ERR_SHAPE = -2,     /* length not a multiple of the block size, or <= 0 */
+    PYLLM_ERR_TIER = -3,      /* SIMD tier not available on this CPU */
+    PYLLM_ERR_NOMEM = -4,     /* allocation failed */
+    PYLLM_ERR_THREADS = -5    /* bad thread count, or threads could not start */
+};
+
+/* Type traits. block_size and type_size are 0 for an unsupported id. */
+int64_t pyllm_type_block_size(int type);
+int64_t pyllm_type_size(int type);
+const char *pyllm_type_name(int type);          /* "?" when unknown */
+int pyllm_vec_dot_type(int type);               /* activation format paired with a weight type, -1 if none */
+int pyllm_can_quantize(int type);               /* 1 if pyllm_quantize_row supports the type */
+
+/* CPU: the best tier this CPU runs (detected once), and the tier in use. */
+int pyllm_cpu_best_tier(void);
+int pyllm_active_tier(void);
+int pyllm_set_tier(int tier);                   /* PYLLM_ERR_TIER if the CPU lacks it */
+const char *pyllm_tier_name(int tier);
+int pyllm_physical_cores(void);
+
+/* src: n elements of `type` (n a multiple of its block size) -> dst[n] float32 */
+int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* src[n] float32 -> dst: n elements of `type` (reference quantizers) */
+int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+/* w: n elements of weight `type`; act: n elements of pyllm_vec_dot_type(type)
+ * (float32 for F32/F16/BF16 weights) -> *out = their dot product, computed by
+ * the kernel of the given tier. */
+int pyllm_vec_dot(int tier, int type, const void *w, const void *act, int64_t n, float *out);
+
+/* Y[M,N] = X[M,K] . W[N,K]^T, W rows of weight `type` (row stride = K / block_size * type_size
+ * bytes), X and Y float32 row-major. Each Y row is bit-identical whatever M and n_threads.
+ * n_threads <= 0 means pyllm_physical_cores(). */
+int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
+                 float *y, int n_threads);
+/* cffi-end */
+
+#endif /* PYLLM_H */

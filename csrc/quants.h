@@ -1,0 +1,196 @@
+/*
+ * quants.h - block layouts of the GGUF tensor formats and the kernel grid.
+ *
+ * One struct per format, named after it, laid out exactly as GGUF stores it.
+ * Kernel names follow one grid:
+ *   dequantize_row_<fmt>(blocks, y, n)         blocks -> y[n] float32
+ *   quantize_row_<fmt>_ref(x, blocks, n)       x[n] float32 -> blocks
+ *   vec_dot_<w>_<act>_<tier>(n, w, act)        dot product of n elements
+ * n is always a multiple of the format's block size.
+ *
+ * The fixed reduction order (so every tier gives the same bits; see
+ * vec_dot_generic.c, which defines it):
+ *   - 32-element formats: an exact int32 sum per block, then per block
+ *     acc[b % 8] = fmaf(scale, (float)sum, acc[b % 8]) (8 lanes), then
+ *     acc8 -> 4 -> 2 -> 1 by adding lane i + half to lane i.
+ *   - K-quants: an exact int32 sum per 256-element superblock, then one
+ *     accumulator, acc = fmaf(scale, (float)sum, acc), superblocks in order.
+ *   - float weights: acc[i % 16] = fmaf(w[i], x[i], acc[i % 16]) (16 lanes),
+ *     then the same halving tree; elements past the last multiple of 16 are
+ *     added after, in order, by fmaf.
+ */
+#ifndef PYLLM_QUANTS_H
+#define PYLLM_QUANTS_H
+
+#include <assert.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pyllm.h"
+
+#define QK32 32   /* elements per block of the 32-element formats */
+#define QK_K 256  /* elements per superblock of the K-quants */
+
+typedef uint16_t fp16_t;  /* IEEE binary16 bits */
+typedef uint16_t bf16_t;  /* bfloat16 bits */
+
+/* 4.5 bits/weight: x = d * (q - 8) */
+typedef struct {
+    fp16_t d;
+    uint8_t qs[QK32 / 2];  /* element j in the low nibble of qs[j], j + 16 in the high one */
+} block_q4_0;
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+
+/* 5 bits/weight: x = d * q + m */
+typedef struct {
+    fp16_t d;
+    fp16_t m;
+    uint8_t qs[QK32 / 2];
+} block_q4_1;
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
+
+/* 5.5 bits/weight: x = d * (q - 16), q's fifth bit of element j is bit j of qh */
+typedef struct {
+    fp16_t d;
+    uint8_t qh[4];
+    uint8_t qs[QK32 / 2];
+} block_q5_0;
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+
+/* 6 bits/weight: x = d * q + m */
+typedef struct {
+    fp16_t d;
+    fp16_t m;
+    uint8_t qh[4];
+    uint8_t qs[QK32 / 2];
+} block_q5_1;
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+
+/* 8.5 bits/weight: x = d * q. Also the activation format of the 32-element formats. */
+typedef struct {
+    fp16_t d;
+    int8_t qs[QK32];
+} block_q8_0;
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+
+/* 2.625 bits/weight: 16 groups of 16, x = d * (sc & 15) * q - dmin * (sc >> 4) */
+typedef struct {
+    uint8_t scales[QK_K / 16];  /* low nibble: scale, high nibble: min, per group of 16 */
+    uint8_t qs[QK_K / 4];       /* 2-bit quants, 4 per byte (shifts 0, 2, 4, 6 -> 32-element runs) */
+    fp16_t d;
+    fp16_t dmin;
+} block_q2_K;
+static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
+
+/* 3.4375 bits/weight: 16 groups of 16, x = d * (sc - 32) * (q - 4 * !hbit) */
+typedef struct {
+    uint8_t hmask[QK_K / 8];  /* bit b of hmask[l]: high bit of element 32 * b + l */
+    uint8_t qs[QK_K / 4];     /* low 2 bits, as in Q2_K */
+    uint8_t scales[12];       /* 16 six-bit scales: low nibbles in 0..7, high 2 bits in 8..11 */
+    fp16_t d;
+} block_q3_K;
+static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
+
+/* 4.5 bits/weight: 8 groups of 32, x = d * sc * q - dmin * m (6-bit sc, m) */
+typedef struct {
+    fp16_t d;
+    fp16_t dmin;
+    uint8_t scales[12];     /* 8 scales and 8 mins, 6 bits each (see scale_min_k4) */
+    uint8_t qs[QK_K / 2];   /* 64-element runs: low nibbles of 32 bytes, then their high nibbles */
+} block_q4_K;
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+
+/* 5.5 bits/weight: Q4_K plus a fifth bit, bit b of qh[l] for element 32 * b + l */
+typedef struct {
+    fp16_t d;
+    fp16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+
+/* 6.5625 bits/weight: 16 groups of 16, x = d * sc * (q - 32), 8-bit signed sc */
+typedef struct {
+    uint8_t ql[QK_K / 2];    /* low 4 bits */
+    uint8_t qh[QK_K / 4];    /* high 2 bits */
+    int8_t scales[QK_K / 16];
+    fp16_t d;
+} block_q6_K;
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+
+/* Activation format of the K-quants: x = d * q, with sums of each group of 16 */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+
+/* ---- scalar conversions (exact; float -> half rounds to nearest even) ---- */
+
+static inline float fp32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
+static inline uint32_t fp32_to_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
+
+float fp16_to_fp32(fp16_t h);
+fp16_t fp32_to_fp16(float f);
+static inline float bf16_to_fp32(bf16_t h) { return fp32_from_bits((uint32_t)h << 16); }
+bf16_t fp32_to_bf16(float f);
+
+/* 65536-entry fp16 -> fp32 table, filled by pyllm_init_tables() */
+extern float pyllm_fp16_table[1 << 16];
+static inline float fp16_lookup(fp16_t h) { return pyllm_fp16_table[h]; }
+void pyllm_init_tables(void);
+
+/* The 6-bit scale and min j (0..7) of a Q4_K / Q5_K superblock. */
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* The 16 signed scales of a Q3_K superblock, in group order. */
+static inline void q3_K_scales(const uint8_t *packed, int8_t out[16]) {
+    for (int k = 0; k < 16; ++k) {
+        int low = k < 8 ? (packed[k] & 0xF) : (packed[k - 8] >> 4);
+        int high = (packed[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+        out[k] = (int8_t)((low | (high << 4)) - 32);
+    }
+}
+
+/* ---- kernel signatures ---- */
+
+typedef void (*dequantize_row_fn)(const void *blocks, float *y, int64_t n);
+typedef void (*quantize_row_fn)(const float *x, void *blocks, int64_t n);
+typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
+
+/* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
+ * kernel of its own (the dispatcher then uses the next lower tier's). */
+extern const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT];
+extern const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT];
+extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
+extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
+
+/* Reference dequantizers and quantizers (quants.c) */
+extern const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT];
+extern const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT];
+
+/* The fixed final reductions shared by every tier. */
+static inline float reduce_lanes8(const float acc[8]) {
+    float a4[4], a2[2];
+    for (int i = 0; i < 4; ++i) a4[i] = acc[i] + acc[i + 4];
+    for (int i = 0; i < 2; ++i) a2[i] = a4[i] + a4[i + 2];
+    return a2[0] + a2[1];
+}
+
+static inline float reduce_lanes16(const float acc[16]) {
+    float a8[8];
+    for (int i = 0; i < 8; ++i) a8[i] = acc[i] + acc[i + 8];
+    return reduce_lanes8(a8);
+}
+
+#endif /* PYLLM_QUANTS_H */

@@ -1,0 +1,163 @@
+/*
+ * test_kernels.c - C-level checks of the kernel core, run plain and under
+ * ASan/UBSan (make test-c, make test-asan):
+ *   1. every SIMD tier's vec_dot gives the same bits as the generic one, on
+ *      random blocks of every weight type and lengths of 1..9 blocks;
+ *   2. every vec_dot is close to the float dot of the dequantized inputs;
+ *   3. matmul rows are bit-identical whatever M and the thread count.
+ * Prints "N passed, N failed" last.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../dispatch.h"
+#include "../threadpool.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                         \
+    do {                                         \
+        if (cond) {                              \
+            passed++;                            \
+        } else {                                 \
+            failed++;                            \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                 \
+            printf("\n");                        \
+        }                                        \
+    } while (0)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rng_float(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / 16777216.0f; }
+
+static void set_fp16(uint8_t *p, float v) {
+    fp16_t h = fp32_to_fp16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random blocks of `type` with finite scales: random bytes, then each fp16 field overwritten. */
+static void random_weights(int type, uint8_t *dst, int64_t n) {
+    const int64_t bs = pyllm_type_block_size(type), ts = pyllm_type_size(type), nb = n / bs;
+    for (int64_t i = 0; i < nb * ts; ++i) dst[i] = (uint8_t)rng_u32();
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t *p = dst + b * ts;
+        switch (type) {
+        case PYLLM_TYPE_F32: { float v = rng_float(-2, 2); memcpy(p, &v, 4); break; }
+        case PYLLM_TYPE_F16: set_fp16(p, rng_float(-2, 2)); break;
+        case PYLLM_TYPE_BF16: { bf16_t h = fp32_to_bf16(rng_float(-2, 2)); memcpy(p, &h, 2); break; }
+        case PYLLM_TYPE_Q4_0: case PYLLM_TYPE_Q5_0: case PYLLM_TYPE_Q8_0:
+            set_fp16(p, rng_float(-0.1f, 0.1f)); break;
+        case PYLLM_TYPE_Q4_1: case PYLLM_TYPE_Q5_1:
+            set_fp16(p, rng_float(0, 0.1f)); set_fp16(p + 2, rng_float(-1, 1)); break;
+        case PYLLM_TYPE_Q2_K: set_fp16(p + 80, rng_float(0, 0.1f)); set_fp16(p + 82, rng_float(0, 0.1f)); break;
+        case PYLLM_TYPE_Q3_K: set_fp16(p + 108, rng_float(-0.1f, 0.1f)); break;
+        case PYLLM_TYPE_Q4_K: case PYLLM_TYPE_Q5_K:
+            set_fp16(p, rng_float(0, 0.1f)); set_fp16(p + 2, rng_float(0, 0.1f)); break;
+        case PYLLM_TYPE_Q6_K: set_fp16(p + 208, rng_float(-0.1f, 0.1f)); break;
+        default: break;
+        }
+    }
+}
+
+static const int weight_types[] = {
+    PYLLM_TYPE_F32, PYLLM_TYPE_F16, PYLLM_TYPE_BF16, PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_1,
+    PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q2_K, PYLLM_TYPE_Q3_K,
+    PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q5_K, PYLLM_TYPE_Q6_K,
+};
+#define N_WEIGHT_TYPES (int)(sizeof(weight_types) / sizeof(weight_types[0]))
+
+static void test_tiers_agree(void) {
+    const int best = pyllm_cpu_best_tier();
+    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+        const int type = weight_types[ti];
+        const int64_t bs = pyllm_type_block_size(type);
+        const int64_t unit = bs == 1 ? 1 : bs;
+        for (int blocks = 1; blocks <= 9; ++blocks) {
+            /* float types: odd lengths too, to reach the tail */
+            const int64_t n = bs == 1 ? 16 * blocks + (blocks % 3) * 5 : unit * blocks;
+            uint8_t *w = malloc((size_t)(n / bs * pyllm_type_size(type)));
+            float *x = malloc((size_t)n * sizeof(float));
+            float *wf = malloc((size_t)n * sizeof(float));
+            float *xf = malloc((size_t)n * sizeof(float));
+            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            random_weights(type, w, n);
+            for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+            if (blocks == 3) {  /* a zero activation row and zero weights */
+                memset(x, 0, (size_t)n * sizeof(float));
+            }
+            pyllm_quantize_activations(type, x, act, n);
+            float ref;
+            CHECK(pyllm_vec_dot(PYLLM_TIER_GENERIC, type, w, act, n, &ref) == PYLLM_OK, "generic %s", pyllm_type_name(type));
+            for (int tier = 1; tier <= best; ++tier) {
+                float got;
+                CHECK(pyllm_vec_dot(tier, type, w, act, n, &got) == PYLLM_OK, "tier %d", tier);
+                CHECK(memcmp(&got, &ref, 4) == 0, "%s n=%lld tier %s: %.9g != generic %.9g", pyllm_type_name(type),
+                      (long long)n, pyllm_tier_name(tier), got, ref);
+            }
+            /* close to the float dot of the dequantized operands */
+            pyllm_dequantize_row(type, w, wf, n);
+            const int act_type = pyllm_vec_dot_type(type);
+            if (act_type == PYLLM_TYPE_F32) memcpy(xf, x, (size_t)n * sizeof(float));
+            else pyllm_dequantize_row(act_type, act, xf, n);
+            double exact = 0, magnitude = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                exact += (double)wf[i] * xf[i];
+                magnitude += fabs((double)wf[i] * xf[i]);
+            }
+            CHECK(fabs(ref - exact) <= 1e-5 * magnitude + 1e-6, "%s n=%lld: %.9g vs float dot %.9g",
+                  pyllm_type_name(type), (long long)n, ref, exact);
+            free(w); free(x); free(wf); free(xf); free(act);
+        }
+    }
+}
+
+static void test_matmul_invariance(void) {
+    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K, PYLLM_TYPE_F16};
+    const int64_t n = 37, k = 512, m = 7;
+    for (int ti = 0; ti < 5; ++ti) {
+        const int type = types[ti];
+        uint8_t *w = malloc((size_t)(n * k / pyllm_type_block_size(type) * pyllm_type_size(type)));
+        float *x = malloc((size_t)(m * k) * sizeof(float));
+        float *y_all = malloc((size_t)(m * n) * sizeof(float));
+        float *y_one = malloc((size_t)n * sizeof(float));
+        random_weights(type, w, n * k);
+        for (int64_t i = 0; i < m * k; ++i) x[i] = rng_float(-1, 1);
+        for (int threads = 1; threads <= 3; ++threads) {
+            CHECK(pyllm_matmul(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");
+            for (int64_t r = 0; r < m; ++r) {
+                CHECK(pyllm_matmul(type, w, n, k, x + r * k, 1, y_one, 4 - threads) == PYLLM_OK, "matmul row");
+                CHECK(memcmp(y_one, y_all + r * n, (size_t)n * sizeof(float)) == 0,
+                      "%s row %lld differs alone (threads %d vs %d)", pyllm_type_name(type), (long long)r,
+                      4 - threads, threads);
+            }
+        }
+        free(w); free(x); free(y_all); free(y_one);
+    }
+}
+
+static void test_bad_arguments(void) {
+    float out, y[4] = {0}, x[32] = {0};
+    uint8_t w[64] = {0};
+    CHECK(pyllm_vec_dot(PYLLM_TIER_GENERIC, 99, w, x, 32, &out) == PYLLM_ERR_TYPE, "unknown type");
+    CHECK(pyllm_vec_dot(PYLLM_TIER_GENERIC, PYLLM_TYPE_Q4_0, w, x, 31, &out) == PYLLM_ERR_SHAPE, "bad n");
+    CHECK(pyllm_vec_dot(PYLLM_TIER_COUNT, PYLLM_TYPE_Q4_0, w, x, 32, &out) == PYLLM_ERR_TIER, "bad tier");
+    CHECK(pyllm_matmul(PYLLM_TYPE_Q8_K, w, 1, 256, x, 1, y, 1) == PYLLM_ERR_TYPE, "q8_K is not a weight type");
+    CHECK(pyllm_matmul(PYLLM_TYPE_Q4_0, w, 1, 32, x, 1, y, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS, "threads");
+    CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
+}
+
+int main(void) {
+    printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
+    test_tiers_agree();
+    test_matmul_invariance();
+    test_bad_arguments();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

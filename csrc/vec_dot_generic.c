@@ -1,0 +1,261 @@
+/*
+ * vec_dot_generic.c - the scalar reference dot products. They define the
+ * reduction order every SIMD tier reproduces bit for bit (see quants.h):
+ * exact integer sums inside a block, fmaf across blocks in a fixed lane order.
+ */
+#include <math.h>
+
+#include "quants.h"
+
+/* ---- 32-element formats against q8_0 activations: 8 block lanes ---- */
+
+/* sum_j q[j] * a[j] for the 32 quants of one block */
+static inline int32_t dot32_int(const int8_t q[QK32], const int8_t a[QK32]) {
+    int32_t sum = 0;
+    for (int j = 0; j < QK32; ++j) sum += (int32_t)q[j] * a[j];
+    return sum;
+}
+
+static inline int32_t sum32_int(const int8_t a[QK32]) {
+    int32_t sum = 0;
+    for (int j = 0; j < QK32; ++j) sum += a[j];
+    return sum;
+}
+
+static void unpack_q4(const uint8_t qs[16], int offset, int8_t q[QK32]) {
+    for (int j = 0; j < 16; ++j) {
+        q[j] = (int8_t)((qs[j] & 0xF) - offset);
+        q[j + 16] = (int8_t)((qs[j] >> 4) - offset);
+    }
+}
+
+static void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int offset, int8_t q[QK32]) {
+    const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                          (uint32_t)qh[3] << 24;
+    for (int j = 0; j < 16; ++j) {
+        q[j] = (int8_t)(((qs[j] & 0xF) | ((high >> j) & 1) << 4) - offset);
+        q[j + 16] = (int8_t)(((qs[j] >> 4) | ((high >> (j + 16)) & 1) << 4) - offset);
+    }
+}
+
+static float vec_dot_q4_0_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q4_0 *x = w;
+    const block_q8_0 *y = act;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        int8_t q[QK32];
+        unpack_q4(x[b].qs, 8, q);
+        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
+    }
+    return reduce_lanes8(acc);
+}
+
+static float vec_dot_q4_1_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q4_1 *x = w;
+    const block_q8_0 *y = act;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        int8_t q[QK32];
+        unpack_q4(x[b].qs, 0, q);
+        const float dy = fp16_to_fp32(y[b].d);
+        const float scale = fp16_to_fp32(x[b].d) * dy, offset = fp16_to_fp32(x[b].m) * dy;
+        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
+        acc[b & 7] = fmaf(offset, (float)sum32_int(y[b].qs), acc[b & 7]);
+    }
+    return reduce_lanes8(acc);
+}
+
+static float vec_dot_q5_0_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q5_0 *x = w;
+    const block_q8_0 *y = act;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        int8_t q[QK32];
+        unpack_q5(x[b].qh, x[b].qs, 16, q);
+        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
+    }
+    return reduce_lanes8(acc);
+}
+
+static float vec_dot_q5_1_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q5_1 *x = w;
+    const block_q8_0 *y = act;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        int8_t q[QK32];
+        unpack_q5(x[b].qh, x[b].qs, 0, q);
+        const float dy = fp16_to_fp32(y[b].d);
+        const float scale = fp16_to_fp32(x[b].d) * dy, offset = fp16_to_fp32(x[b].m) * dy;
+        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
+        acc[b & 7] = fmaf(offset, (float)sum32_int(y[b].qs), acc[b & 7]);
+    }
+    return reduce_lanes8(acc);
+}
+
+static float vec_dot_q8_0_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q8_0 *x = w;
+    const block_q8_0 *y = act;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
+        acc[b & 7] = fmaf(scale, (float)dot32_int(x[b].qs, y[b].qs), acc[b & 7]);
+    }
+    return reduce_lanes8(acc);
+}
+
+/* ---- K-quants against q8_K activations: one accumulator ---- */
+
+/* sum over the 16-element group g of q[e] * a[e] */
+static inline int32_t dot16_int(const int8_t *q, const int8_t *a) {
+    int32_t sum = 0;
+    for (int j = 0; j < 16; ++j) sum += (int32_t)q[j] * a[j];
+    return sum;
+}
+
+static float vec_dot_q2_K_q8_K_generic(int64_t n, const void *w, const void *act) {
+    const block_q2_K *x = w;
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int8_t q[QK_K];
+        for (int half = 0; half < 2; ++half) {
+            for (int shift = 0; shift < 4; ++shift) {
+                for (int l = 0; l < 32; ++l) {
+                    q[half * 128 + shift * 32 + l] = (int8_t)((x[b].qs[half * 32 + l] >> (2 * shift)) & 3);
+                }
+            }
+        }
+        int32_t sum_q = 0, sum_min = 0;
+        for (int g = 0; g < 16; ++g) {
+            sum_q += (x[b].scales[g] & 0xF) * dot16_int(q + 16 * g, y[b].qs + 16 * g);
+            sum_min += (x[b].scales[g] >> 4) * y[b].bsums[g];
+        }
+        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
+        acc = fmaf(-(y[b].d * fp16_to_fp32(x[b].dmin)), (float)sum_min, acc);
+    }
+    return acc;
+}
+
+static float vec_dot_q3_K_q8_K_generic(int64_t n, const void *w, const void *act) {
+    const block_q3_K *x = w;
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int8_t q[QK_K];
+        for (int e = 0; e < QK_K; ++e) {
+            const int low = (x[b].qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+            const int high = (x[b].hmask[e % 32] >> (e / 32)) & 1;
+            q[e] = (int8_t)(low - (high ? 0 : 4));
+        }
+        int8_t scales[16];
+        q3_K_scales(x[b].scales, scales);
+        int32_t sum_q = 0;
+        for (int g = 0; g < 16; ++g) sum_q += scales[g] * dot16_int(q + 16 * g, y[b].qs + 16 * g);
+        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
+    }
+    return acc;
+}
+
+/* q4 (and q5) K-quants: 8 groups of 32 with 6-bit scale and min */
+static float k4_superblock(const uint8_t scales[12], const int8_t q[QK_K], const block_q8_K *y,
+                           float d, float dmin, float acc) {
+    int32_t sum_q = 0, sum_min = 0;
+    for (int g = 0; g < 8; ++g) {
+        uint8_t sc, m;
+        scale_min_k4(g, scales, &sc, &m);
+        sum_q += sc * (dot16_int(q + 32 * g, y->qs + 32 * g) + dot16_int(q + 32 * g + 16, y->qs + 32 * g + 16));
+        sum_min += m * (y->bsums[2 * g] + y->bsums[2 * g + 1]);
+    }
+    acc = fmaf(y->d * d, (float)sum_q, acc);
+    return fmaf(-(y->d * dmin), (float)sum_min, acc);
+}
+
+static float vec_dot_q4_K_q8_K_generic(int64_t n, const void *w, const void *act) {
+    const block_q4_K *x = w;
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int8_t q[QK_K];
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            for (int l = 0; l < 32; ++l) {
+                q[chunk * 64 + l] = (int8_t)(x[b].qs[chunk * 32 + l] & 0xF);
+                q[chunk * 64 + 32 + l] = (int8_t)(x[b].qs[chunk * 32 + l] >> 4);
+            }
+        }
+        acc = k4_superblock(x[b].scales, q, &y[b], fp16_to_fp32(x[b].d), fp16_to_fp32(x[b].dmin), acc);
+    }
+    return acc;
+}
+
+static float vec_dot_q5_K_q8_K_generic(int64_t n, const void *w, const void *act) {
+    const block_q5_K *x = w;
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int8_t q[QK_K];
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            for (int l = 0; l < 32; ++l) {
+                const int e = chunk * 64 + l;
+                q[e] = (int8_t)((x[b].qs[chunk * 32 + l] & 0xF) | ((x[b].qh[l] >> (e / 32)) & 1) << 4);
+                q[e + 32] = (int8_t)((x[b].qs[chunk * 32 + l] >> 4) | ((x[b].qh[l] >> (e / 32 + 1)) & 1) << 4);
+            }
+        }
+        acc = k4_superblock(x[b].scales, q, &y[b], fp16_to_fp32(x[b].d), fp16_to_fp32(x[b].dmin), acc);
+    }
+    return acc;
+}
+
+static float vec_dot_q6_K_q8_K_generic(int64_t n, const void *w, const void *act) {
+    const block_q6_K *x = w;
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int8_t q[QK_K];
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t *ql = x[b].ql + 64 * half, *qh = x[b].qh + 32 * half;
+            int8_t *out = q + 128 * half;
+            for (int l = 0; l < 32; ++l) {
+                out[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32);
+                out[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
+                out[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+                out[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+            }
+        }
+        int32_t sum_q = 0;
+        for (int g = 0; g < 16; ++g) sum_q += x[b].scales[g] * dot16_int(q + 16 * g, y[b].qs + 16 * g);
+        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
+    }
+    return acc;
+}
+
+/* ---- float weights against float32 activations: 16 element lanes ---- */
+
+#define FLOAT_VEC_DOT(name, load)                                              \
+    static float name(int64_t n, const void *w, const void *act) {             \
+        const float *y = act;                                                  \
+        float acc[16] = {0};                                                   \
+        const int64_t n16 = n - n % 16;                                        \
+        for (int64_t i = 0; i < n16; ++i) acc[i & 15] = fmaf(load(w, i), y[i], acc[i & 15]); \
+        float sum = reduce_lanes16(acc);                                       \
+        for (int64_t i = n16; i < n; ++i) sum = fmaf(load(w, i), y[i], sum);   \
+        return sum;                                                            \
+    }
+
+#define LOAD_F32(w, i) (((const float *)(w))[i])
+#define LOAD_F16(w, i) fp16_to_fp32(((const fp16_t *)(w))[i])
+#define LOAD_BF16(w, i) bf16_to_fp32(((const bf16_t *)(w))[i])
+FLOAT_VEC_DOT(vec_dot_f32_f32_generic, LOAD_F32)
+FLOAT_VEC_DOT(vec_dot_f16_f32_generic, LOAD_F16)
+FLOAT_VEC_DOT(vec_dot_bf16_f32_generic, LOAD_BF16)
+
+const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_F32] = vec_dot_f32_f32_generic,   [PYLLM_TYPE_F16] = vec_dot_f16_f32_generic,
+    [PYLLM_TYPE_BF16] = vec_dot_bf16_f32_generic, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_generic,
+    [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_0_generic, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_generic,
+    [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_0_generic, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_generic,
+    [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_generic, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_generic,
+    [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_generic, [PYLLM_TYPE_Q5_K] = vec_dot_q5_K_q8_K_generic,
+    [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_generic,
+};
