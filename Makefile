@@ -5,9 +5,8 @@ CC ?= cc
 CFLAGS_C = -std=c11 -O2 -g -Wall -Wextra -Werror -ffp-contract=off -pthread
 SANITIZE = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*.c))
-C_HEADERS = $(wildcard csrc/*.h)
 
-.PHONY: help install build models chat test test-py test-c test-asan lint clean
+.PHONY: help install build models chat test test-py test-c test-asan bench-kernels lint clean
 
 help:
 	@echo "make chat       install pyllm, fetch the default model, show it (the chat arrives with the model issue)"
@@ -29,17 +28,25 @@ models: install
 chat: install
 	$(PYTHON) -m pyllm.cli info smollm2-135m-instruct
 
-csrc/tests/test_kernels: $(C_SOURCES) $(C_HEADERS) csrc/tests/test_kernels.c
-	$(CC) $(CFLAGS_C) $(C_SOURCES) csrc/tests/test_kernels.c -o $@ -lm
+C_TESTS = test_kernels test_simd_stress
+C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*.inc)
 
-csrc/tests/test_kernels_asan: $(C_SOURCES) $(C_HEADERS) csrc/tests/test_kernels.c
-	$(CC) -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread $(SANITIZE) $(C_SOURCES) csrc/tests/test_kernels.c -o $@ -lm
+csrc/tests/%: csrc/tests/%.c $(C_DEPS)
+	$(CC) $(CFLAGS_C) $(C_SOURCES) $< -o $@ -lm
 
-test-c: csrc/tests/test_kernels
-	./csrc/tests/test_kernels
+csrc/tests/%_asan: csrc/tests/%.c $(C_DEPS)
+	$(CC) -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread $(SANITIZE) $(C_SOURCES) $< -o $@ -lm
 
-test-asan: csrc/tests/test_kernels_asan
-	./csrc/tests/test_kernels_asan
+# The C tests: every SIMD tier the CPU has against the generic kernels, bit for bit.
+test-c: $(addprefix csrc/tests/,$(C_TESTS))
+	@for t in $^; do echo "== $$t"; ./$$t || exit 1; done
+
+test-asan: $(addprefix csrc/tests/,$(addsuffix _asan,$(C_TESTS)))
+	@for t in $^; do echo "== $$t"; ./$$t || exit 1; done
+
+# ns per 4096-element row of every vec_dot kernel, per tier (one thread)
+bench-kernels: csrc/tests/test_simd_stress
+	./csrc/tests/test_simd_stress 0 bench
 
 test-py: models
 	$(PYTHON) -m pytest -q
@@ -50,4 +57,4 @@ lint:
 test: install models lint test-c test-asan test-py
 
 clean:
-	rm -rf build *.egg-info pyllm/*.so csrc/tests/test_kernels csrc/tests/test_kernels_asan
+	rm -rf build *.egg-info pyllm/*.so $(addprefix csrc/tests/,$(C_TESTS) $(addsuffix _asan,$(C_TESTS)))

@@ -57,19 +57,30 @@ static const char *const tier_names[PYLLM_TIER_COUNT] = {"generic", "avx2", "avx
 static int best_tier = -1;
 static _Atomic int active_tier = -1;
 
-static int detect_best_tier(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return PYLLM_TIER_GENERIC;
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))) {
-        return PYLLM_TIER_AVX2;
-    }
-    return __builtin_cpu_supports("avx512vnni") ? PYLLM_TIER_AVX512_VNNI : PYLLM_TIER_AVX512;
-#else
-    return PYLLM_TIER_GENERIC;
-#endif
+#include <cpuid.h>
+
+static int has_bit(unsigned reg, int bit) { return (int)((reg >> bit) & 1u); }
+
+/* cpuid feature bits, and the OS having enabled the YMM (and ZMM) register state. */
+static int detect_best_tier(void) {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return PYLLM_TIER_GENERIC;
+    const int fma = has_bit(ecx, 12), osxsave = has_bit(ecx, 27), avx = has_bit(ecx, 28), f16c = has_bit(ecx, 29);
+    if (!(osxsave && avx && fma && f16c)) return PYLLM_TIER_GENERIC;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 0x6) != 0x6) return PYLLM_TIER_GENERIC;  /* XMM and YMM state */
+    if (__get_cpuid_max(0, NULL) < 7) return PYLLM_TIER_GENERIC;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (!(has_bit(ebx, 5) && has_bit(ebx, 8))) return PYLLM_TIER_GENERIC;  /* AVX2, BMI2 */
+    const int avx512 = has_bit(ebx, 16) && has_bit(ebx, 17) && has_bit(ebx, 30) && has_bit(ebx, 31);  /* F DQ BW VL */
+    if (!avx512 || (xcr0_lo & 0xE0) != 0xE0) return PYLLM_TIER_AVX2;  /* opmask, ZMM state */
+    return has_bit(ecx, 11) ? PYLLM_TIER_AVX512_VNNI : PYLLM_TIER_AVX512;
 }
+#else
+static int detect_best_tier(void) { return PYLLM_TIER_GENERIC; }
+#endif
 
 static void init_once(void) {
     pyllm_init_tables();

@@ -287,7 +287,10 @@ static float signed_absmax(const float *x, int len) {
     return max;
 }
 
-static inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+/* (int)v clamped to [lo, hi]; nan -> lo. Never converts an out-of-range float (UB in C). */
+static inline int float_to_int_clamped(float v, int lo, int hi) {
+    return v >= (float)lo && v <= (float)hi ? (int)v : v > (float)hi ? hi : lo;
+}
 
 /* Symmetric 4/5-bit: the extreme element maps to -2^(bits-1) (the d is negative when it is positive). */
 static void quantize_symmetric_block(const float *x, int levels, float *d_out, uint8_t q[QK32]) {
@@ -295,7 +298,7 @@ static void quantize_symmetric_block(const float *x, int levels, float *d_out, u
     const float d = max / (float)-(levels / 2);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < QK32; ++j) {
-        q[j] = (uint8_t)clamp_int((int)(x[j] * id + ((float)(levels / 2) + 0.5f)), 0, levels - 1);
+        q[j] = (uint8_t)float_to_int_clamped(x[j] * id + ((float)(levels / 2) + 0.5f), 0, levels - 1);
     }
     *d_out = d;
 }
@@ -311,7 +314,7 @@ static void quantize_asymmetric_block(const float *x, int levels, float *d_out, 
     const float d = (max - min) / (float)(levels - 1);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < QK32; ++j) {
-        q[j] = (uint8_t)clamp_int((int)((x[j] - min) * id + 0.5f), 0, levels - 1);
+        q[j] = (uint8_t)float_to_int_clamped((x[j] - min) * id + 0.5f, 0, levels - 1);
     }
     *d_out = d;
     *m_out = min;
@@ -383,7 +386,7 @@ static void quantize_row_q8_0_ref(const float *x, void *dst, int64_t n) {
         for (int j = 0; j < QK32; ++j) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < QK32; ++j) b[i].qs[j] = (int8_t)roundf(x[j] * id);
+        for (int j = 0; j < QK32; ++j) b[i].qs[j] = (int8_t)float_to_int_clamped(roundf(x[j] * id), -127, 127);
         b[i].d = fp32_to_fp16(d);
     }
 }
@@ -405,8 +408,8 @@ static void quantize_row_q8_K_ref(const float *x, void *dst, int64_t n) {
         }
         const float iscale = -127.0f / max;
         for (int j = 0; j < QK_K; ++j) {
-            const int v = nearest_int(iscale * x[j]);
-            b[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+            const float scaled = iscale * x[j];  /* |scaled| <= 127 for finite rows */
+            b[i].qs[j] = (int8_t)(fabsf(scaled) <= 127.0f ? nearest_int(scaled) : scaled > 0 ? 127 : -127);
         }
         for (int g = 0; g < QK_K / 16; ++g) {
             int sum = 0;

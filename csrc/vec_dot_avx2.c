@@ -1,4 +1,516 @@
-/* vec_dot_avx2.c - placeholder table until the avx2 kernels land. */
+/*
+ * vec_dot_avx2.c - AVX2 + FMA + F16C dot products for every weight type.
+ *
+ * Each kernel returns the same float bits as its reference in
+ * vec_dot_generic.c: the integer part of a block (or superblock) is summed
+ * exactly, in whatever order suits the vector unit, and every float operation
+ * the reference does (products of scales, fmaf into a lane, the final lane
+ * tree) is done here on the same values in the same order:
+ *   - 32-element formats: 8 blocks at a time, their 8 exact int sums in one
+ *     vector whose lane k belongs to block b + k, so one _mm256_fmadd_ps is
+ *     exactly the reference's 8 fmaf into acc[b & 7]; leftover blocks go into
+ *     their lanes by scalar fmaf.
+ *   - K-quants: the exact int sums of a superblock, then the reference's
+ *     scalar fmaf.
+ *   - float weights: two 8-lane accumulators (lanes 0-7 and 8-15).
+ *
+ * What the integer tricks below rely on: activations (q8_0 and q8_K) lie in
+ * [-127, 127] (the reference quantizers never write -128), and the q8_K
+ * bsums are the sums of their 16-element groups (as the reference quantizer
+ * writes them; the generic Q2_K/Q4_K/Q5_K use them too, and here Q3_K and
+ * Q6_K take their offsets of 4 and 32 off through them). Weights may hold any
+ * byte, q8_0's -128 included.
+ *
+ * The whole file is compiled for AVX2 by pragma (no global -m flags), so one
+ * build runs on any x86-64; dispatch.c only uses this table on CPUs with
+ * AVX2 and FMA (F16C and BMI2 come with every such CPU).
+ */
+#include <math.h>
+#include <string.h>
+
 #include "quants.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi2")
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* helpers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* fp16 -> fp32 by F16C: the same value as fp16_to_fp32 for every non-NaN half. */
+static inline float half_to_float(fp16_t h) { return _cvtsh_ss(h); }
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+static inline int32_t hsum_i32x4(__m128i s) {
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __m128i fold_i32x8(__m256i v) {
+    return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+static inline int32_t hsum_i32x8(__m256i v) { return hsum_i32x4(fold_i32x8(v)); }
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31). */
+static inline __m256i unpack_nibbles32(const uint8_t *qs) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, byte j = 0xFF if bit j is set, else 0. */
+static inline __m256i bytes_from_bits32(const uint8_t qh[4]) {
+    int32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits),
+        _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
+                           0x0303030303030303LL));
+    const __m256i all_but_bit = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFELL);
+    return _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi8(-1));
+}
+
+/* 16 int16 pair sums of q[j] * a[j], q any signed byte (-128 too), a in [-127, 127]. */
+static inline __m256i prod_signed(__m256i q, __m256i a) {
+    /* |q| as unsigned bytes (-128 -> 128), a with q's sign: pairs within 2 * 128 * 127 */
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+}
+
+static inline __m256i widen_sum16(__m256i p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
+
+/*
+ * Eight vectors of 8 int32 partial sums -> one vector whose lane k is the
+ * total of s_k: a transpose-and-add tree of unpacks (vphaddd has a quarter of
+ * an unpack's throughput on Zen 3, and the tree of them was measurably slower).
+ */
+static inline __m256i sum_pairs_2(__m256i a, __m256i b) {  /* a0+a2 b0+b2 a1+a3 b1+b3 (per 128 bits) */
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+static inline __m256i sum_pairs_4(__m256i ab, __m256i cd) {  /* a b c d (per 128 bits) */
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+}
+static inline __m256i block_sums(__m256i s0, __m256i s1, __m256i s2, __m256i s3, __m256i s4,
+                                 __m256i s5, __m256i s6, __m256i s7) {
+    /* lanes 0..3: s0..s3 summed over their low 128 bits, lanes 4..7: over their high 128 bits */
+    const __m256i lo = sum_pairs_4(sum_pairs_2(s0, s1), sum_pairs_2(s2, s3));
+    const __m256i hi = sum_pairs_4(sum_pairs_2(s4, s5), sum_pairs_2(s6, s7));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+
+/* The fp16 at p, p + stride, ..., p + 7 * stride as 8 floats (gathered in
+ * general registers: cheaper than eight vector inserts). */
+static inline uint64_t half_at(const uint8_t *c, size_t offset) {
+    uint16_t h;
+    memcpy(&h, c + offset, 2);
+    return h;
+}
+
+static inline __m256 halves8(const void *p, size_t stride) {
+    const uint8_t *c = p;
+    uint64_t lo = half_at(c, 0) | half_at(c, stride) << 16 | half_at(c, 2 * stride) << 32 |
+                  half_at(c, 3 * stride) << 48;
+    uint64_t hi = half_at(c, 4 * stride) | half_at(c, 5 * stride) << 16 | half_at(c, 6 * stride) << 32 |
+                  half_at(c, 7 * stride) << 48;
+    /* keep the packing in general registers: the compiler's vectorized version of it is slower */
+    __asm__("" : "+r"(lo), "+r"(hi));
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* ------------------------------------------------------------------------ */
+/* 32-element formats against q8_0: 8 block lanes                            */
+/* ------------------------------------------------------------------------ */
+
+/* Per-block products as 8 int32 partial sums (maddubs pairs stay within
+ * int16: at most 2 * 128 * 127 for q8_0, 2 * 31 * 127 for unsigned q5). */
+static inline __m256i block_dot_q4_0(const block_q4_0 *x, const block_q8_0 *y) {
+    const __m256i q = _mm256_sub_epi8(unpack_nibbles32(x->qs), _mm256_set1_epi8(8));
+    return widen_sum16(prod_signed(q, load32(y->qs)));
+}
+
+static inline __m256i block_dot_q4_1(const block_q4_1 *x, const block_q8_0 *y) {
+    return widen_sum16(_mm256_maddubs_epi16(unpack_nibbles32(x->qs), load32(y->qs)));
+}
+
+static inline __m256i block_dot_q5_0(const block_q5_0 *x, const block_q8_0 *y) {
+    /* q - 16 = the nibble | 0xF0 where the fifth bit is clear, the bare nibble where it is set */
+    const __m256i high = _mm256_andnot_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+    return widen_sum16(prod_signed(_mm256_or_si256(unpack_nibbles32(x->qs), high), load32(y->qs)));
+}
+
+static inline __m256i block_dot_q5_1(const block_q5_1 *x, const block_q8_0 *y) {
+    const __m256i high = _mm256_and_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8(0x10));
+    return widen_sum16(_mm256_maddubs_epi16(_mm256_or_si256(unpack_nibbles32(x->qs), high), load32(y->qs)));
+}
+
+static inline __m256i block_dot_q8_0(const block_q8_0 *x, const block_q8_0 *y) {
+    return widen_sum16(prod_signed(load32(x->qs), load32(y->qs)));
+}
+
+/* sum of the activations of a block */
+static inline __m256i block_sum_q8_0(const block_q8_0 *y) {
+    return widen_sum16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(y->qs)));
+}
+
+#define EIGHT(fn, X, Y)                                                                                       \
+    fn((X) + 0, (Y) + 0), fn((X) + 1, (Y) + 1), fn((X) + 2, (Y) + 2), fn((X) + 3, (Y) + 3),                   \
+        fn((X) + 4, (Y) + 4), fn((X) + 5, (Y) + 5), fn((X) + 6, (Y) + 6), fn((X) + 7, (Y) + 7)
+#define EIGHT_Y(fn, Y)                                                                                        \
+    fn((Y) + 0), fn((Y) + 1), fn((Y) + 2), fn((Y) + 3), fn((Y) + 4), fn((Y) + 5), fn((Y) + 6), fn((Y) + 7)
+
+/* x = d * q */
+#define VEC_DOT_32_SYM(name, block_t, block_dot)                                                              \
+    static float name(int64_t n, const void *w, const void *act) {                                            \
+        const block_t *x = w;                                                                                 \
+        const block_q8_0 *y = act;                                                                            \
+        const int64_t nb = n / QK32;                                                                          \
+        __m256 acc = _mm256_setzero_ps();                                                                     \
+        int64_t b = 0;                                                                                        \
+        for (; b + 8 <= nb; b += 8) {                                                                         \
+            const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)),                             \
+                                               halves8(&y[b].d, sizeof(block_q8_0)));                         \
+            const __m256 dot = _mm256_cvtepi32_ps(block_sums(EIGHT(block_dot, x + b, y + b)));                \
+            acc = _mm256_fmadd_ps(scale, dot, acc);                                                           \
+        }                                                                                                     \
+        float lanes[8];                                                                                       \
+        _mm256_storeu_ps(lanes, acc);                                                                         \
+        for (; b < nb; ++b) {                                                                                 \
+            const float scale = half_to_float(x[b].d) * half_to_float(y[b].d);                                \
+            lanes[b & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + b, y + b)), lanes[b & 7]);             \
+        }                                                                                                     \
+        return reduce_lanes8(lanes);                                                                          \
+    }
+
+/* x = d * q + m */
+#define VEC_DOT_32_OFFSET(name, block_t, block_dot)                                                           \
+    static float name(int64_t n, const void *w, const void *act) {                                            \
+        const block_t *x = w;                                                                                 \
+        const block_q8_0 *y = act;                                                                            \
+        const int64_t nb = n / QK32;                                                                          \
+        __m256 acc = _mm256_setzero_ps();                                                                     \
+        int64_t b = 0;                                                                                        \
+        for (; b + 8 <= nb; b += 8) {                                                                         \
+            const __m256 dy = halves8(&y[b].d, sizeof(block_q8_0));                                           \
+            const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)), dy);                        \
+            const __m256 offset = _mm256_mul_ps(halves8(&x[b].m, sizeof(block_t)), dy);                       \
+            const __m256 dot = _mm256_cvtepi32_ps(block_sums(EIGHT(block_dot, x + b, y + b)));                \
+            const __m256 sum_a = _mm256_cvtepi32_ps(block_sums(EIGHT_Y(block_sum_q8_0, y + b)));              \
+            acc = _mm256_fmadd_ps(scale, dot, acc);                                                           \
+            acc = _mm256_fmadd_ps(offset, sum_a, acc);                                                        \
+        }                                                                                                     \
+        float lanes[8];                                                                                       \
+        _mm256_storeu_ps(lanes, acc);                                                                         \
+        for (; b < nb; ++b) {                                                                                 \
+            const float dy = half_to_float(y[b].d);                                                           \
+            const float scale = half_to_float(x[b].d) * dy, offset = half_to_float(x[b].m) * dy;              \
+            lanes[b & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + b, y + b)), lanes[b & 7]);             \
+            lanes[b & 7] = fmaf(offset, (float)hsum_i32x8(block_sum_q8_0(y + b)), lanes[b & 7]);              \
+        }                                                                                                     \
+        return reduce_lanes8(lanes);                                                                          \
+    }
+
+VEC_DOT_32_SYM(vec_dot_q4_0_q8_0_avx2, block_q4_0, block_dot_q4_0)
+VEC_DOT_32_OFFSET(vec_dot_q4_1_q8_0_avx2, block_q4_1, block_dot_q4_1)
+VEC_DOT_32_SYM(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_dot_q5_0)
+VEC_DOT_32_OFFSET(vec_dot_q5_1_q8_0_avx2, block_q5_1, block_dot_q5_1)
+VEC_DOT_32_SYM(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_dot_q8_0)
+
+/* ------------------------------------------------------------------------ */
+/* K-quants against q8_K: exact superblock sums, then the reference's fmaf  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Scales of 16-element groups as int16: the 32-element chunk k (0..7) covers
+ * groups 2k and 2k + 1, so its low 128 bits need scale 2k and its high 128
+ * bits scale 2k + 1. With the int16 scales 0..7 (or 8..15) in both halves of
+ * a vector, chunk 4 * h + j picks them with group_pair_pattern(j).
+ */
+static inline __m256i group_pair_pattern(int j) {
+    const __m256i base = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    return _mm256_add_epi8(base, _mm256_set1_epi8((char)(4 * j)));
+}
+
+/* Broadcast of int16 scale g (0..7) from 8 int16 scales held in both halves. */
+static inline __m256i scale_pattern8(int g) { return _mm256_set1_epi16((short)(0x0100 + 0x0202 * g)); }
+
+/* Each byte's bit `from` moved to bit `to` (other bits: garbage to mask off);
+ * from, to in 0..7 and compile-time constants once inlined. */
+static inline __m256i move_bit(__m256i v, int from, int to) {
+    if (from < to) return _mm256_slli_epi16(v, to - from);
+    if (from > to) return _mm256_srli_epi16(v, from - to);
+    return v;
+}
+
+/* int32 partial sums of scale(group) * q[j] * a[j] over a 32-element chunk, q unsigned
+ * (q <= 63: pairs within 2 * 63 * 127) */
+static inline __m256i chunk_dot(__m256i q, const int8_t *a, __m256i scales16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(a)), scales16);
+}
+
+/* The totals of two vectors of int32 partial sums, converted to float as the
+ * reference's (float) casts: lane 0 the sums', lane 2 the mins'. */
+static inline __m128 k_totals(__m256i sums, __m256i mins) {
+    const __m128i s = fold_i32x8(sums), m = fold_i32x8(mins);
+    __m128i t = _mm_add_epi32(_mm_unpacklo_epi64(s, m), _mm_unpackhi_epi64(s, m));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtepi32_ps(t);
+}
+
+/* acc = fmaf(yd * d, sum_q, acc), then fmaf(-(yd * dmin), sum_min, acc), as the reference */
+static inline float k_accumulate(float acc, float yd, fp16_t d, fp16_t dmin, __m256i sums, __m256i mins) {
+    const __m128 t = k_totals(sums, mins);
+    acc = fmaf(yd * half_to_float(d), _mm_cvtss_f32(t), acc);
+    return fmaf(-(yd * half_to_float(dmin)), _mm_cvtss_f32(_mm_movehl_ps(t, t)), acc);
+}
+
+static float vec_dot_q2_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
+    const block_q2_K *x = w;
+    const block_q8_K *y = act;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i packed = _mm_loadu_si128((const __m128i *)x[b].scales);
+        const __m128i sc = _mm_and_si128(packed, m4);
+        const __m256i mins = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4)),
+                                               load32(y[b].bsums));
+        const __m256i sc_lo = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc));
+        const __m256i sc_hi = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(sc, 8)));
+        const __m256i q2_lo = load32(x[b].qs), q2_hi = load32(x[b].qs + 32);
+        const int8_t *a = y[b].qs;
+#define Q2K_CHUNK(q2, h, j)                                                                                   \
+    chunk_dot(_mm256_and_si256(_mm256_srli_epi16(q2, 2 * (j)), m3), a + 128 * (h) + 32 * (j),                 \
+              _mm256_shuffle_epi8((h) ? sc_hi : sc_lo, group_pair_pattern(j)))
+        const __m256i s0 = _mm256_add_epi32(Q2K_CHUNK(q2_lo, 0, 0), Q2K_CHUNK(q2_lo, 0, 1));
+        const __m256i s1 = _mm256_add_epi32(Q2K_CHUNK(q2_lo, 0, 2), Q2K_CHUNK(q2_lo, 0, 3));
+        const __m256i s2 = _mm256_add_epi32(Q2K_CHUNK(q2_hi, 1, 0), Q2K_CHUNK(q2_hi, 1, 1));
+        const __m256i s3 = _mm256_add_epi32(Q2K_CHUNK(q2_hi, 1, 2), Q2K_CHUNK(q2_hi, 1, 3));
+#undef Q2K_CHUNK
+        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
+        acc = k_accumulate(acc, y[b].d, x[b].d, x[b].dmin, sums, mins);
+    }
+    return acc;
+}
+
+/* The 16 signed Q3_K scales, in group order (as q3_K_scales). */
+static inline __m128i q3_K_scales_vec(const uint8_t packed[12]) {
+    uint32_t aux[3];
+    memcpy(aux, packed, 12);
+    const uint32_t k2 = 0x03030303u, k4 = 0x0F0F0F0Fu;
+    const uint32_t s0 = (aux[0] & k4) | (((aux[2] >> 0) & k2) << 4);
+    const uint32_t s1 = (aux[1] & k4) | (((aux[2] >> 2) & k2) << 4);
+    const uint32_t s2 = ((aux[0] >> 4) & k4) | (((aux[2] >> 4) & k2) << 4);
+    const uint32_t s3 = ((aux[1] >> 4) & k4) | (((aux[2] >> 6) & k2) << 4);
+    const __m128i v = _mm_set_epi64x((long long)((uint64_t)s3 << 32 | s2), (long long)((uint64_t)s1 << 32 | s0));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+static float vec_dot_q3_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
+    const block_q3_K *x = w;
+    const block_q8_K *y = act;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(4);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i sc8 = q3_K_scales_vec(x[b].scales);
+        /* q = low - 4 * !high = (low | 4 * high) - 4: the unsigned part here,
+         * 4 * sum of scale * group sum of a (bsums) taken off at the end */
+        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), load32(y[b].bsums));
+        const __m256i sc_lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
+        const __m256i sc_hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));
+        const __m256i hm = load32(x[b].hmask);  /* chunk k: bit k of hmask[l], wanted at bit 2 */
+        const __m256i q2_lo = load32(x[b].qs), q2_hi = load32(x[b].qs + 32);
+        const int8_t *a = y[b].qs;
+#define Q3K_CHUNK(q2, h, j)                                                                                   \
+    chunk_dot(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q2, 2 * (j)), m3),                           \
+                              _mm256_and_si256(move_bit(hm, 4 * (h) + (j), 2), m4)),                          \
+              a + 128 * (h) + 32 * (j), _mm256_shuffle_epi8((h) ? sc_hi : sc_lo, group_pair_pattern(j)))
+        const __m256i s0 = _mm256_add_epi32(Q3K_CHUNK(q2_lo, 0, 0), Q3K_CHUNK(q2_lo, 0, 1));
+        const __m256i s1 = _mm256_add_epi32(Q3K_CHUNK(q2_lo, 0, 2), Q3K_CHUNK(q2_lo, 0, 3));
+        const __m256i s2 = _mm256_add_epi32(Q3K_CHUNK(q2_hi, 1, 0), Q3K_CHUNK(q2_hi, 1, 1));
+        const __m256i s3 = _mm256_add_epi32(Q3K_CHUNK(q2_hi, 1, 2), Q3K_CHUNK(q2_hi, 1, 3));
+#undef Q3K_CHUNK
+        const __m256i sums = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3)),
+                                              _mm256_slli_epi32(corr, 2));
+        acc = fmaf(y[b].d * half_to_float(x[b].d), (float)hsum_i32x8(sums), acc);
+    }
+    return acc;
+}
+
+/* The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of Q4_K / Q5_K (as scale_min_k4). */
+static inline __m128i k4_scales_mins(const uint8_t packed[12]) {
+    uint32_t u[3];
+    memcpy(u, packed, 12);
+    const uint32_t k1 = 0x3F3F3F3Fu, k2 = 0x0F0F0F0Fu, k3 = 0x03030303u;
+    const uint32_t sc_lo = u[0] & k1;
+    const uint32_t sc_hi = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    const uint32_t mins_lo = u[1] & k1;
+    const uint32_t mins_hi = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    return _mm_set_epi64x((long long)((uint64_t)mins_hi << 32 | mins_lo),
+                          (long long)((uint64_t)sc_hi << 32 | sc_lo));
+}
+
+/* int32 partial sums of min_g * (bsums[2g] + bsums[2g + 1]) */
+static inline __m256i k4_mins_product(__m128i scales_mins, const block_q8_K *y) {
+    const __m128i mins = _mm_srli_si128(scales_mins, 8);
+    return _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)), load32(y->bsums));
+}
+
+static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
+    const block_q4_K *x = w;
+    const block_q8_K *y = act;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i scales_mins = k4_scales_mins(x[b].scales);
+        const __m256i mins = k4_mins_product(scales_mins, &y[b]);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
+        const int8_t *a = y[b].qs;
+#define Q4K_CHUNK(c)                                                                                          \
+    _mm256_add_epi32(chunk_dot(_mm256_and_si256(load32(x[b].qs + 32 * (c)), m4), a + 64 * (c),                \
+                               _mm256_shuffle_epi8(scales, scale_pattern8(2 * (c)))),                         \
+                     chunk_dot(_mm256_and_si256(_mm256_srli_epi16(load32(x[b].qs + 32 * (c)), 4), m4),        \
+                               a + 64 * (c) + 32, _mm256_shuffle_epi8(scales, scale_pattern8(2 * (c) + 1))))
+        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(Q4K_CHUNK(0), Q4K_CHUNK(1)),
+                                              _mm256_add_epi32(Q4K_CHUNK(2), Q4K_CHUNK(3)));
+#undef Q4K_CHUNK
+        acc = k_accumulate(acc, y[b].d, x[b].d, x[b].dmin, sums, mins);
+    }
+    return acc;
+}
+
+static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
+    const block_q5_K *x = w;
+    const block_q8_K *y = act;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i scales_mins = k4_scales_mins(x[b].scales);
+        const __m256i mins = k4_mins_product(scales_mins, &y[b]);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
+        const __m256i qh = load32(x[b].qh);
+        const int8_t *a = y[b].qs;
+        /* chunk c: low nibbles take bit 2c of qh, high nibbles bit 2c + 1 */
+#define Q5K_CHUNK(c)                                                                                          \
+    _mm256_add_epi32(                                                                                         \
+        chunk_dot(_mm256_or_si256(_mm256_and_si256(load32(x[b].qs + 32 * (c)), m4),                           \
+                                  _mm256_and_si256(move_bit(qh, 2 * (c), 4), bit4)),                          \
+                  a + 64 * (c), _mm256_shuffle_epi8(scales, scale_pattern8(2 * (c)))),                        \
+        chunk_dot(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(load32(x[b].qs + 32 * (c)), 4), m4),     \
+                                  _mm256_and_si256(move_bit(qh, 2 * (c) + 1, 4), bit4)),                      \
+                  a + 64 * (c) + 32, _mm256_shuffle_epi8(scales, scale_pattern8(2 * (c) + 1))))
+        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(Q5K_CHUNK(0), Q5K_CHUNK(1)),
+                                              _mm256_add_epi32(Q5K_CHUNK(2), Q5K_CHUNK(3)));
+#undef Q5K_CHUNK
+        acc = k_accumulate(acc, y[b].d, x[b].d, x[b].dmin, sums, mins);
+    }
+    return acc;
+}
+
+/* 128 elements of a Q6_K superblock (half h): unsigned q (0..63) times scale */
+static inline __m256i q6_K_half(const uint8_t *ql, const uint8_t *qh, const int8_t *a, __m256i scales) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m2 = _mm256_set1_epi8(0x30);
+    const __m256i ql0 = load32(ql), ql1 = load32(ql + 32), h = load32(qh);
+    /* two high bits of chunk j: bits 2j, 2j + 1 of qh[l], moved to bits 4, 5 */
+    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
+    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
+    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(h, m2));
+    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
+    const __m256i p0 = chunk_dot(q0, a, _mm256_shuffle_epi8(scales, group_pair_pattern(0)));
+    const __m256i p1 = chunk_dot(q1, a + 32, _mm256_shuffle_epi8(scales, group_pair_pattern(1)));
+    const __m256i p2 = chunk_dot(q2, a + 64, _mm256_shuffle_epi8(scales, group_pair_pattern(2)));
+    const __m256i p3 = chunk_dot(q3, a + 96, _mm256_shuffle_epi8(scales, group_pair_pattern(3)));
+    return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
+}
+
+static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
+    const block_q6_K *x = w;
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        /* q - 32: the unsigned q here, 32 * sum of scale * group sum of a (bsums) taken off at the end */
+        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), load32(y[b].bsums));
+        const __m256i sc_lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
+        const __m256i sc_hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));
+        const __m256i s0 = q6_K_half(x[b].ql, x[b].qh, y[b].qs, sc_lo);
+        const __m256i s1 = q6_K_half(x[b].ql + 64, x[b].qh + 32, y[b].qs + 128, sc_hi);
+        const __m256i sums = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(corr, 5));
+        acc = fmaf(y[b].d * half_to_float(x[b].d), (float)hsum_i32x8(sums), acc);
+    }
+    return acc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* float weights against float32 activations: 16 element lanes              */
+/* ------------------------------------------------------------------------ */
+
+static inline __m256 load8_f32(const void *w, int64_t i) { return _mm256_loadu_ps((const float *)w + i); }
+static inline __m256 load8_f16(const void *w, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16_t *)w + i)));
+}
+static inline __m256 load8_bf16(const void *w, int64_t i) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const bf16_t *)w + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+
+#define LOAD1_F32(w, i) (((const float *)(w))[i])
+#define LOAD1_F16(w, i) fp16_to_fp32(((const fp16_t *)(w))[i])
+#define LOAD1_BF16(w, i) bf16_to_fp32(((const bf16_t *)(w))[i])
+
+#define FLOAT_VEC_DOT_AVX2(name, load8, load1)                                                                \
+    static float name(int64_t n, const void *w, const void *act) {                                            \
+        const float *y = act;                                                                                 \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                        \
+        const int64_t n16 = n - n % 16;                                                                       \
+        for (int64_t i = 0; i < n16; i += 16) {                                                               \
+            acc0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), acc0);                                \
+            acc1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), acc1);                        \
+        }                                                                                                     \
+        float lanes[16];                                                                                      \
+        _mm256_storeu_ps(lanes, acc0);                                                                        \
+        _mm256_storeu_ps(lanes + 8, acc1);                                                                    \
+        float sum = reduce_lanes16(lanes);                                                                    \
+        for (int64_t i = n16; i < n; ++i) sum = fmaf(load1(w, i), y[i], sum);                                 \
+        return sum;                                                                                           \
+    }
+
+FLOAT_VEC_DOT_AVX2(vec_dot_f32_f32_avx2, load8_f32, LOAD1_F32)
+FLOAT_VEC_DOT_AVX2(vec_dot_f16_f32_avx2, load8_f16, LOAD1_F16)
+FLOAT_VEC_DOT_AVX2(vec_dot_bf16_f32_avx2, load8_bf16, LOAD1_BF16)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_F32] = vec_dot_f32_f32_avx2,   [PYLLM_TYPE_F16] = vec_dot_f16_f32_avx2,
+    [PYLLM_TYPE_BF16] = vec_dot_bf16_f32_avx2, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_avx2,
+    [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_0_avx2, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_avx2,
+    [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_0_avx2, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_avx2,
+    [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_avx2, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_avx2,
+    [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_avx2, [PYLLM_TYPE_Q5_K] = vec_dot_q5_K_q8_K_avx2,
+    [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_avx2,
+};
+
+#else /* not x86-64 with GCC or clang: no kernels of this tier */
+
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
+
+#endif

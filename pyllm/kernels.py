@@ -1,0 +1,205 @@
+"""Python face of the C kernel core: dequantize, quantize, dot products, matmul.
+
+Quantized data is handled as uint8 arrays of whole blocks; rows run along the
+last axis. Weight type ids are ggml's (``GGMLType``). Every call checks shapes
+and types here and again in C, and a bad argument raises ``KernelError``.
+
+    >>> w = quantize(np.random.rand(64, 256).astype(np.float32), GGMLType.Q8_0)   # (64, 272) uint8
+    >>> y = matmul(w, GGMLType.Q8_0, np.ones((2, 256), np.float32))               # (2, 64) float32
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+from ._pyllm_c import ffi, lib
+
+
+class KernelError(ValueError):
+    """A kernel was given an unsupported type, a bad shape or a bad setting."""
+
+
+class GGMLType(IntEnum):
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    BF16 = 30
+
+
+TIERS = ("generic", "avx2", "avx512", "avx512_vnni")
+
+_STATUS = {
+    lib.PYLLM_ERR_TYPE: "unsupported type",
+    lib.PYLLM_ERR_SHAPE: "bad shape",
+    lib.PYLLM_ERR_TIER: "SIMD tier not available on this CPU",
+    lib.PYLLM_ERR_NOMEM: "out of memory",
+    lib.PYLLM_ERR_THREADS: "bad thread count",
+}
+
+
+def _check(status: int, what: str) -> None:
+    if status != lib.PYLLM_OK:
+        raise KernelError(f"{what}: {_STATUS.get(status, f'error {status}')}")
+
+
+def type_name(type_id: int) -> str:
+    return ffi.string(lib.pyllm_type_name(int(type_id))).decode()
+
+
+def _traits(type_id: int) -> tuple[int, int]:
+    """(block_size, type_size) of a supported type; KernelError otherwise."""
+    block_size = lib.pyllm_type_block_size(int(type_id))
+    if block_size == 0:
+        raise KernelError(f"tensor type {type_id} is not supported by pyllm's kernels")
+    return block_size, lib.pyllm_type_size(int(type_id))
+
+
+def row_bytes(type_id: int, n: int) -> int:
+    """Bytes of one row of n elements of the type."""
+    block_size, type_size = _traits(type_id)
+    if n <= 0 or n % block_size:
+        raise KernelError(f"{type_name(type_id)} rows hold a multiple of {block_size} elements, not {n}")
+    return n // block_size * type_size
+
+
+def activation_type(weight_type: int) -> GGMLType:
+    """The format activations take in a dot product with this weight type."""
+    _traits(weight_type)
+    act = lib.pyllm_vec_dot_type(int(weight_type))
+    if act < 0:
+        raise KernelError(f"{type_name(weight_type)} is not a weight type")
+    return GGMLType(act)
+
+
+# ---- CPU tiers ----------------------------------------------------------------
+
+def best_tier() -> str:
+    """The best SIMD tier this CPU runs."""
+    return TIERS[lib.pyllm_cpu_best_tier()]
+
+
+def active_tier() -> str:
+    """The tier matmul uses (best_tier() unless set_tier() or $PYLLM_TIER chose a lower one)."""
+    return TIERS[lib.pyllm_active_tier()]
+
+
+def set_tier(tier: str) -> None:
+    if tier not in TIERS:
+        raise KernelError(f"unknown tier {tier!r}; tiers: {', '.join(TIERS)}")
+    _check(lib.pyllm_set_tier(TIERS.index(tier)), f"tier {tier}")
+
+
+def physical_cores() -> int:
+    return lib.pyllm_physical_cores()
+
+
+# ---- conversions --------------------------------------------------------------
+
+def _as_bytes(data: np.ndarray) -> np.ndarray:
+    data = np.asarray(data)
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    return data.view(np.uint8) if data.dtype != np.uint8 else data
+
+
+def dequantize(data: np.ndarray, type_id: int) -> np.ndarray:
+    """Blocks of `type_id` (uint8, rows along the last axis) -> float32 values.
+
+    A (rows, row_bytes) array gives (rows, row_elements); a 1-D one a 1-D array.
+    Zero-copy input views (an mmapped GGUF tensor) are read in place.
+    """
+    raw = _as_bytes(data)
+    block_size, type_size = _traits(type_id)
+    if raw.ndim == 0 or raw.shape[-1] % type_size:
+        raise KernelError(f"{type_name(type_id)} data must be whole blocks of {type_size} bytes")
+    n = raw.size // type_size * block_size
+    out = np.empty(raw.shape[:-1] + (raw.shape[-1] // type_size * block_size,), dtype=np.float32)
+    if n:
+        _check(lib.pyllm_dequantize_row(int(type_id), ffi.from_buffer(raw), ffi.from_buffer("float[]", out), n),
+               f"dequantize {type_name(type_id)}")
+    return out
+
+
+def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
+    """float32 values (rows along the last axis) -> uint8 blocks of `type_id`."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    block_size, type_size = _traits(type_id)
+    if not lib.pyllm_can_quantize(int(type_id)):
+        raise KernelError(f"quantizing to {type_name(type_id)} is not supported")
+    if x.ndim == 0 or x.shape[-1] % block_size:
+        raise KernelError(f"{type_name(type_id)} rows hold a multiple of {block_size} elements, not {x.shape[-1:]}")
+    out = np.empty(x.shape[:-1] + (x.shape[-1] // block_size * type_size,), dtype=np.uint8)
+    if x.size:
+        _check(lib.pyllm_quantize_row(int(type_id), ffi.from_buffer("float[]", x), ffi.from_buffer(out), x.size),
+               f"quantize {type_name(type_id)}")
+    return out
+
+
+def quantize_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
+    """float32 activations -> the format vec_dot pairs with `weight_type` (float32 stays float32)."""
+    act = activation_type(weight_type)
+    if act == GGMLType.F32:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return quantize(x, act)
+
+
+# ---- products -----------------------------------------------------------------
+
+def vec_dot(weight_type: int, w: np.ndarray, act: np.ndarray, n: int, tier: str | None = None) -> float:
+    """Dot product of one weight row and one activation row (from quantize_activations)."""
+    w_raw, act_raw = _as_bytes(w), _as_bytes(act)
+    if w_raw.size != row_bytes(weight_type, n):
+        raise KernelError(f"weight row has {w_raw.size} bytes, {n} {type_name(weight_type)} elements need "
+                          f"{row_bytes(weight_type, n)}")
+    act_type = activation_type(weight_type)
+    if act_raw.size != row_bytes(act_type, n):
+        raise KernelError(f"activation row has {act_raw.size} bytes, expected {row_bytes(act_type, n)}")
+    tier_id = lib.pyllm_active_tier() if tier is None else TIERS.index(tier)
+    out = ffi.new("float *")
+    _check(lib.pyllm_vec_dot(tier_id, int(weight_type), ffi.from_buffer(w_raw), ffi.from_buffer(act_raw), n, out),
+           f"vec_dot {type_name(weight_type)} ({TIERS[tier_id]})")
+    return float(out[0])
+
+
+def matmul(w: np.ndarray, weight_type: int, x: np.ndarray, n_threads: int | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """Y[M, N] = X[M, K] · W[N, K]ᵀ with W as (N, row_bytes) uint8 blocks of `weight_type`.
+
+    Every row of Y is bit-identical whatever M and n_threads (default: all physical cores).
+    """
+    w_raw = _as_bytes(w)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    squeeze = x.ndim == 1
+    if squeeze:
+        x = x[None, :]
+    if x.ndim != 2 or w_raw.ndim != 2:
+        raise KernelError(f"matmul wants W (N, row_bytes) and X (M, K); got {w_raw.shape} and {x.shape}")
+    m, k = x.shape
+    n = w_raw.shape[0]
+    activation_type(weight_type)
+    if w_raw.shape[1] != row_bytes(weight_type, k):
+        raise KernelError(f"W rows have {w_raw.shape[1]} bytes; {k} {type_name(weight_type)} elements need "
+                          f"{row_bytes(weight_type, k)}")
+    if out is None:
+        out = np.empty((m, n), dtype=np.float32)
+    elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise KernelError(f"out must be a contiguous float32 array of shape {(m, n)}")
+    threads = 0 if n_threads is None else int(n_threads)
+    if n_threads is not None and threads < 1:
+        raise KernelError(f"n_threads must be at least 1, not {n_threads}")
+    if m and n:
+        _check(lib.pyllm_matmul(int(weight_type), ffi.from_buffer(w_raw), n, k, ffi.from_buffer("float[]", x), m,
+                                ffi.from_buffer("float[]", out), threads), f"matmul {type_name(weight_type)}")
+    return out[0] if squeeze else out

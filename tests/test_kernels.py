@@ -1,0 +1,293 @@
+"""The C kernel core held to independent oracles.
+
+- dequantization: bit-identical to gguf-py's numpy reference (gguf.quants), on
+  random blocks and on the real tensors of the Gemma 3 and SmolLM2 files;
+- quantization: bit-identical to gguf.quants where it implements the type;
+- vec_dot: every SIMD tier gives the generic kernel's exact bits, and every
+  kernel is close to the float64 dot of the dequantized operands;
+- matmul: close to the float reference; each row bit-identical alone, in a
+  batch, at 1, 2 and 3 threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants as gq
+
+from pyllm import kernels
+from pyllm.gguf import TYPE_TRAITS, GGUFFile
+from pyllm.kernels import GGMLType, KernelError
+
+WEIGHT_TYPES = [t for t in GGMLType if t != GGMLType.Q8_K]
+BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
+
+# byte offsets of the fp16 scale fields inside one block of each format
+FP16_FIELDS = {
+    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
+    GGMLType.Q8_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2),
+    GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+}
+
+
+def random_fp16(rng: np.random.Generator, size: int, extreme: bool = False) -> np.ndarray:
+    """Finite half floats: moderate ones, or drawn from every finite exponent (subnormals to 65504)."""
+    if extreme:
+        bits = rng.integers(0, 0x7C00, size=size, dtype=np.uint16) | (rng.integers(0, 2, size, np.uint16) << 15)
+        return bits.view(np.float16)
+    return rng.uniform(-0.05, 0.05, size).astype(np.float16)
+
+
+def random_blocks(type_id: GGMLType, n_blocks: int, rng: np.random.Generator, extreme: bool = False) -> np.ndarray:
+    """(n_blocks, type_size) uint8 with random quants and finite scales; block 0 is all zero."""
+    block_size, type_size = TYPE_TRAITS[type_id][1:]
+    if type_id == GGMLType.F32:
+        values = rng.standard_normal(n_blocks).astype(np.float32)
+        if extreme:
+            values *= np.float32(1e30)
+        out = values.view(np.uint8).reshape(n_blocks, 4)
+    elif type_id == GGMLType.F16:
+        out = random_fp16(rng, n_blocks, extreme).view(np.uint8).reshape(n_blocks, 2)
+    elif type_id == GGMLType.BF16:
+        if extreme:
+            signs = rng.integers(0, 2, n_blocks, np.uint16) << 15
+            bf16 = rng.integers(0, 0x7F80, size=n_blocks, dtype=np.uint16) | signs
+        else:
+            bf16 = (rng.standard_normal(n_blocks).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        out = bf16.view(np.uint8).reshape(n_blocks, 2)
+    else:
+        out = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
+        for offset in FP16_FIELDS[type_id]:
+            out[:, offset:offset + 2] = random_fp16(rng, n_blocks, extreme).view(np.uint8).reshape(n_blocks, 2)
+    out = out.copy()
+    out[0] = 0
+    assert block_size >= 1
+    return out
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+# ---- dequantization -----------------------------------------------------------
+
+@pytest.mark.parametrize("extreme", [False, True], ids=["moderate", "extreme-scales"])
+@pytest.mark.parametrize("type_id", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf_reference(type_id: GGMLType, extreme: bool) -> None:
+    rng = np.random.default_rng(int(type_id) * 7 + extreme)
+    block_size = TYPE_TRAITS[type_id][1]
+    n_blocks = 4096 // block_size * 8 if block_size == 1 else 300
+    blocks = random_blocks(type_id, n_blocks, rng, extreme)
+    rows = blocks.reshape(4, -1)
+    ours = kernels.dequantize(rows, type_id)
+    ref = gq.dequantize(rows, Q(int(type_id)))
+    assert ours.shape == ref.shape
+    np.testing.assert_array_equal(bits(ours), bits(ref))
+
+
+def _real_tensor_cases(path, per_type_limit: int = 3):
+    """(name, type) of up to `per_type_limit` tensors of each type in the file."""
+    with GGUFFile(path) as f:
+        seen: dict[int, int] = {}
+        for info in f.tensors.values():
+            if seen.get(info.type, 0) < per_type_limit:
+                seen[info.type] = seen.get(info.type, 0) + 1
+                yield info.name, info.type
+
+
+@pytest.mark.parametrize("model", ["gemma_path", "smollm2_path"])
+def test_dequantize_real_tensors_match_gguf_reference(model: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(model)
+    cases = list(_real_tensor_cases(path))
+    types = {t for _, t in cases}
+    expected = {"gemma_path": {0, 6, 8, 12, 14}, "smollm2_path": {0, 3, 8}}[model]
+    assert types == expected, f"the file's tensor types changed: {sorted(types)}"
+    with GGUFFile(path) as f:
+        for name, type_id in cases:
+            raw = f.raw(name)[:2048]  # the 262144-row embedding: its first 2048 rows are plenty
+            ours = kernels.dequantize(raw, type_id)
+            ref = gq.dequantize(np.array(raw), Q(type_id))
+            np.testing.assert_array_equal(bits(ours), bits(ref), err_msg=name)
+
+
+# ---- quantization -------------------------------------------------------------
+
+def _quantize_inputs(rng: np.random.Generator, block_size: int) -> np.ndarray:
+    """Rows with normal blocks, an all-zero block, a constant block, huge and tiny magnitudes, ties."""
+    x = rng.standard_normal((6, block_size * 64)).astype(np.float32)
+    x[1, :block_size] = 0
+    x[2, :block_size] = 0.75
+    x[3] *= np.float32(6e4)
+    x[4] *= np.float32(1e-6)
+    x[5] = np.round(x[5] * 4) / 4  # many exact ties after scaling
+    return x
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@pytest.mark.parametrize("type_id", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                                     GGMLType.F16, GGMLType.BF16], ids=lambda t: t.name)
+def test_quantize_matches_gguf_reference(type_id: GGMLType) -> None:
+    x = _quantize_inputs(np.random.default_rng(int(type_id)), 32)
+    ours = kernels.quantize(x, type_id)
+    ref = gq.quantize(x, Q(int(type_id))).view(np.uint8).reshape(ours.shape)
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_quantize_q8_K_properties() -> None:
+    """Q8_K (activations only; gguf has no reference): error within half a step, exact group sums."""
+    x = _quantize_inputs(np.random.default_rng(1), 256)
+    q = kernels.quantize(x, GGMLType.Q8_K)
+    blocks = q.reshape(-1, 292)
+    d = blocks[:, :4].copy().view(np.float32)[:, 0]
+    qs = blocks[:, 4:260].view(np.int8).astype(np.int32)
+    bsums = blocks[:, 260:].copy().view(np.int16)
+    np.testing.assert_array_equal(bsums, qs.reshape(-1, 16, 16).sum(-1))
+    assert qs.min() >= -127 and qs.max() <= 127
+    back = kernels.dequantize(q, GGMLType.Q8_K).reshape(-1, 256)
+    err = np.abs(back - x.reshape(-1, 256))
+    assert np.all(err <= np.abs(d)[:, None] * 0.5 * (1 + 1e-5) + 1e-30)
+    amax = np.abs(x.reshape(-1, 256)).max(-1)
+    np.testing.assert_allclose(np.abs(d), amax / 127, rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_float16_rounding_matches_numpy_everywhere() -> None:
+    """fp32 -> fp16 (used by every quantizer) rounds like numpy on hard cases: ties, subnormals, overflow."""
+    edges = np.array([65504, 65519.99, 65520, 1e6, 2**-24, 2**-25, 2**-25 * 1.0001, 2**-14, 2**-14 * (1 - 2**-12),
+                      0.1, 1 / 3, 0, -0.0], dtype=np.float32)
+    rng = np.random.default_rng(5)
+    randoms = (rng.standard_normal(100_000) * 10.0 ** rng.integers(-9, 6, 100_000)).astype(np.float32)
+    x = np.concatenate([edges, -edges, randoms])
+    x = x[: x.size // 32 * 32]
+    ours = kernels.quantize(x, GGMLType.F16).view(np.uint16)
+    np.testing.assert_array_equal(ours, x.astype(np.float16).view(np.uint16))
+
+
+# ---- vec_dot ------------------------------------------------------------------
+
+AVAILABLE_TIERS = kernels.TIERS[: kernels.TIERS.index(kernels.best_tier()) + 1]
+
+
+@pytest.mark.parametrize("type_id", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_vec_dot_tiers_agree_and_match_float_dot(type_id: GGMLType) -> None:
+    rng = np.random.default_rng(100 + int(type_id))
+    block_size = TYPE_TRAITS[type_id][1]
+    unit = 32 if block_size == 1 else block_size
+    for n_units in (1, 2, 7, 8, 9, 17):
+        n = unit * n_units + (5 if block_size == 1 else 0)  # float rows of odd length reach the tail
+        blocks = random_blocks(type_id, n // block_size, rng)
+        if n_units == 9:  # the zero block last instead of first
+            blocks = np.roll(blocks, -1, axis=0)
+        w = blocks.reshape(-1)
+        x = rng.standard_normal(n).astype(np.float32)
+        act = kernels.quantize_activations(x, type_id)
+        ref = kernels.vec_dot(type_id, w, act, n, tier="generic")
+        for tier in AVAILABLE_TIERS[1:]:
+            got = kernels.vec_dot(type_id, w, act, n, tier=tier)
+            assert np.float32(got).view(np.uint32) == np.float32(ref).view(np.uint32), (tier, n)
+        wf = kernels.dequantize(w, type_id).astype(np.float64)
+        act_type = kernels.activation_type(type_id)
+        xf = x.astype(np.float64) if act_type == GGMLType.F32 else kernels.dequantize(act, act_type).astype(np.float64)
+        exact = float(wf @ xf)
+        bound = 1e-5 * float(np.abs(wf * xf).sum()) + 1e-6
+        assert abs(ref - exact) <= bound, (n, ref, exact)
+
+
+def test_vec_dot_against_unquantized_activations_is_close() -> None:
+    """The activation quantization error stays within the per-format bound of q8 rounding."""
+    rng = np.random.default_rng(3)
+    w_float = rng.standard_normal((1, 4096)).astype(np.float32)
+    x = rng.standard_normal(4096).astype(np.float32)
+    exact = float(w_float[0].astype(np.float64) @ x.astype(np.float64))
+    scale = float(np.abs(w_float[0]).sum() * np.abs(x).max())
+    for type_id, rel in ((GGMLType.Q8_0, 0.01), (GGMLType.Q4_0, 0.05), (GGMLType.F16, 1e-3), (GGMLType.BF16, 1e-2)):
+        w = kernels.quantize(w_float, type_id)[0]
+        got = kernels.vec_dot(type_id, w, kernels.quantize_activations(x, type_id), 4096)
+        assert abs(got - exact) <= rel * scale / 10, (type_id.name, got, exact)
+
+
+# ---- matmul -------------------------------------------------------------------
+
+@pytest.mark.parametrize("type_id", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_reference_and_rows_are_invariant(type_id: GGMLType) -> None:
+    rng = np.random.default_rng(200 + int(type_id))
+    k = 512
+    n = 67  # odd, and not a multiple of the 16-row tile
+    w = random_blocks(type_id, n * k // TYPE_TRAITS[type_id][1], rng).reshape(n, -1)
+    wf = kernels.dequantize(w, type_id).astype(np.float64)
+    for m in (1, 2, 7, 64):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y = kernels.matmul(w, type_id, x, n_threads=2)
+        act_type = kernels.activation_type(type_id)
+        act = kernels.quantize_activations(x, type_id)
+        xf = x.astype(np.float64) if act_type == GGMLType.F32 else kernels.dequantize(act, act_type)
+        ref = xf.astype(np.float64) @ wf.T
+        bound = 1e-5 * (np.abs(xf) @ np.abs(wf).T) + 1e-6
+        assert np.all(np.abs(y - ref) <= bound)
+        for threads in (1, 3):
+            np.testing.assert_array_equal(bits(kernels.matmul(w, type_id, x, n_threads=threads)), bits(y))
+        for r in range(m):
+            np.testing.assert_array_equal(bits(kernels.matmul(w, type_id, x[r], n_threads=1 + r % 3)), bits(y[r]))
+
+
+def test_matmul_on_real_mmapped_weights(gemma_path) -> None:
+    """A real Q4_K tensor, read in place from the mmap, against its dequantized float product."""
+    with GGUFFile(gemma_path) as f:
+        info = f.tensors["blk.0.attn_output.weight"]
+        w = f.raw(info.name)
+        x = np.random.default_rng(0).standard_normal((3, info.shape[0])).astype(np.float32)
+        y = kernels.matmul(w, info.type, x)
+        ref = x.astype(np.float64) @ kernels.dequantize(w, info.type).astype(np.float64).T
+        assert y.shape == (3, info.shape[1])
+        np.testing.assert_allclose(y, ref, rtol=0, atol=0.02 * np.abs(ref).max())
+
+
+# ---- contracts ----------------------------------------------------------------
+
+def test_type_tables_agree_with_the_reader() -> None:
+    for type_id, (name, block_size, type_size) in TYPE_TRAITS.items():
+        assert kernels.type_name(type_id) == name
+        assert kernels.row_bytes(type_id, block_size) == type_size
+
+
+@pytest.mark.parametrize("type_id", [16, 99, -1], ids=["IQ2_XXS", "unknown", "negative"])
+def test_unsupported_types_raise(type_id: int) -> None:
+    with pytest.raises(KernelError, match="not supported"):
+        kernels.dequantize(np.zeros(66, np.uint8), type_id)
+    with pytest.raises(KernelError):
+        kernels.matmul(np.zeros((1, 66), np.uint8), type_id, np.zeros((1, 256), np.float32))
+
+
+def test_bad_shapes_and_settings_raise() -> None:
+    with pytest.raises(KernelError, match="whole blocks"):
+        kernels.dequantize(np.zeros(17, np.uint8), GGMLType.Q4_0)
+    with pytest.raises(KernelError, match="multiple of 32"):
+        kernels.quantize(np.zeros(33, np.float32), GGMLType.Q8_0)
+    with pytest.raises(KernelError, match="not supported"):
+        kernels.quantize(np.zeros(256, np.float32), GGMLType.Q4_K)
+    w = np.zeros((4, 18), np.uint8)
+    with pytest.raises(KernelError, match="bytes"):
+        kernels.matmul(w, GGMLType.Q4_0, np.zeros((2, 64), np.float32))
+    with pytest.raises(KernelError, match="n_threads"):
+        kernels.matmul(w, GGMLType.Q4_0, np.zeros((2, 32), np.float32), n_threads=0)
+    with pytest.raises(KernelError, match="bad thread count"):
+        kernels.matmul(w, GGMLType.Q4_0, np.zeros((2, 32), np.float32), n_threads=100_000)
+    with pytest.raises(KernelError, match="not a weight type"):
+        kernels.matmul(np.zeros((1, 292), np.uint8), GGMLType.Q8_K, np.zeros((1, 256), np.float32))
+    with pytest.raises(KernelError, match="unknown tier"):
+        kernels.set_tier("sse9")
+
+
+def test_tier_selection() -> None:
+    best = kernels.best_tier()
+    try:
+        kernels.set_tier("generic")
+        assert kernels.active_tier() == "generic"
+    finally:
+        kernels.set_tier(best)
+    assert kernels.active_tier() == best
+    higher = kernels.TIERS[kernels.TIERS.index(best) + 1:]
+    for tier in higher:
+        with pytest.raises(KernelError, match="not available"):
+            kernels.set_tier(tier)
