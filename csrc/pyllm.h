@@ -81,6 +81,31 @@ int pyllm_vec_dot(int tier, int type, const void *w, const void *act, int64_t n,
  * n_threads <= 0 means pyllm_physical_cores(). */
 int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
                  float *y, int n_threads);
+
+/* ---- forward-pass ops (ops.c); each output row is computed alone, in a fixed order ---- */
+
+/* y[m, n] = x / sqrt(mean(x^2) + eps) * w (w may be NULL; y may be x) */
+void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps);
+
+/* In place on x[m, n_heads, head_dim] at positions pos[m]: rotate the first n_rot dims of each
+ * head by theta_i = freq_scale * pos * freq_base^(-2i / n_rot); neox pairs (i, i + n_rot/2),
+ * otherwise (2i, 2i + 1). */
+void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+                float freq_base, float freq_scale, int neox);
+
+/* y[n] = silu(gate) * up, and gelu(tanh approximation)(gate) * up */
+void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t n);
+void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
+
+/* Causal attention of m queries q[m, n_head, d] at positions qpos[m] over n_kv cached keys and
+ * values k, v[n_kv, n_head_kv, d] at positions kpos[n_kv] (-1: empty slot): key t is visible
+ * to query r when kpos[t] <= qpos[r] and, with window > 0, qpos[r] - kpos[t] < window.
+ * scores = q.k * scale (then softcap * tanh(s / softcap) when softcap > 0); softmax over the
+ * visible keys in cache order; out[m, n_head, d]. Grouped-query: head h reads kv head
+ * h / (n_head / n_head_kv). */
+int pyllm_attention(const float *q, const float *k, const float *v, const int32_t *qpos, const int32_t *kpos,
+                    int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d, float scale,
+                    int32_t window, float softcap, float *out, int n_threads);
 /* cffi-end */
 
 #endif /* PYLLM_H */

@@ -24,6 +24,7 @@ SOURCES = [
     "dispatch.c",
     "threadpool.c",
     "matmul.c",
+    "ops.c",
 ]
 
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind

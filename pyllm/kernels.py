@@ -203,3 +203,69 @@ def matmul(w: np.ndarray, weight_type: int, x: np.ndarray, n_threads: int | None
         _check(lib.pyllm_matmul(int(weight_type), ffi.from_buffer(w_raw), n, k, ffi.from_buffer("float[]", x), m,
                                 ffi.from_buffer("float[]", out), threads), f"matmul {type_name(weight_type)}")
     return out[0] if squeeze else out
+
+
+# ---- forward-pass ops ---------------------------------------------------------
+
+def _f32(a: np.ndarray, name: str) -> np.ndarray:
+    if a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise KernelError(f"{name} must be a contiguous float32 array")
+    return a
+
+
+def _fptr(a: np.ndarray):
+    return ffi.from_buffer("float[]", a)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """x (..., n) / rms(x) * weight (n,): each row alone."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.shape[-1]
+    out = np.empty_like(x) if out is None else _f32(out, "out")
+    w = ffi.NULL if weight is None else _fptr(_f32(weight, "weight"))
+    if weight is not None and weight.shape != (n,):
+        raise KernelError(f"rms_norm weight has shape {weight.shape}, rows have {n} elements")
+    lib.pyllm_rms_norm(_fptr(x), w, _fptr(out), x.size // n, n, float(eps))
+    return out
+
+
+def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float = 1.0,
+         neox: bool = False) -> None:
+    """In place on x (m, n_heads, head_dim) at positions (m,) int32."""
+    _f32(x, "x")
+    m, n_heads, head_dim = x.shape
+    pos = np.ascontiguousarray(positions, dtype=np.int32)
+    if pos.shape != (m,) or not 0 < n_rot <= head_dim or n_rot % 2:
+        raise KernelError(f"rope: positions {pos.shape} for {m} rows, n_rot {n_rot} of head_dim {head_dim}")
+    lib.pyllm_rope(_fptr(x), ffi.from_buffer("int32_t[]", pos), m, n_heads, head_dim, n_rot,
+                   float(freq_base), float(freq_scale), int(neox))
+
+
+def gated_activation(gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
+    """silu(gate) * up ("silu") or gelu_tanh(gate) * up ("gelu")."""
+    gate, up = _f32(gate, "gate"), _f32(up, "up")
+    out = np.empty_like(gate)
+    fn = {"silu": lib.pyllm_swiglu, "gelu": lib.pyllm_geglu}[kind]
+    fn(_fptr(gate), _fptr(up), _fptr(out), gate.size)
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, k_positions: np.ndarray,
+              scale: float, window: int = 0, softcap: float = 0.0, n_threads: int | None = None) -> np.ndarray:
+    """Causal attention: q (m, n_head, d) over k, v (n_kv, n_head_kv, d) -> (m, n_head, d).
+
+    Key t is visible to query r when k_positions[t] <= q_positions[r] (and within the sliding window).
+    """
+    _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+    m, n_head, d = q.shape
+    n_kv, n_head_kv, _ = k.shape
+    if k.shape != v.shape or k.shape[2] != d:
+        raise KernelError(f"attention shapes: q {q.shape}, k {k.shape}, v {v.shape}")
+    qpos = np.ascontiguousarray(q_positions, dtype=np.int32)
+    kpos = np.ascontiguousarray(k_positions, dtype=np.int32)
+    out = np.empty_like(q)
+    _check(lib.pyllm_attention(_fptr(q), _fptr(k), _fptr(v), ffi.from_buffer("int32_t[]", qpos),
+                               ffi.from_buffer("int32_t[]", kpos), m, n_kv, n_head, n_head_kv, d, float(scale),
+                               int(window), float(softcap), _fptr(out), 0 if n_threads is None else n_threads),
+           "attention")
+    return out

@@ -1,0 +1,129 @@
+/*
+ * ops.c - the non-matmul steps of a transformer forward pass, each computing
+ * every output row in one fixed order, independent of how many rows a call
+ * holds (so batching never changes a result).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "quants.h"
+#include "threadpool.h"
+
+/* y[m, n] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL); in place allowed */
+void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps) {
+    for (int64_t r = 0; r < m; ++r) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) sum += (double)xr[i] * xr[i];
+        const float scale = (float)(1.0 / sqrt(sum / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; ++i) yr[i] = w ? (xr[i] * scale) * w[i] : xr[i] * scale;
+    }
+}
+
+/* Rotary position embedding, in place on x[m, n_heads, head_dim] at positions pos[m].
+ * The first n_rot dims of each head rotate: theta_i = freq_scale * pos * base^(-2i / n_rot).
+ * Normal style pairs (2i, 2i+1); neox style pairs (i, i + n_rot / 2). */
+void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+                float freq_base, float freq_scale, int neox) {
+    const int64_t half = n_rot / 2;
+    const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    for (int64_t r = 0; r < m; ++r) {
+        float theta_base = (float)pos[r];  /* pos * theta_scale^i, by repeated multiplication as ggml does */
+        for (int64_t i = 0; i < half; ++i, theta_base *= theta_scale) {
+            const float theta = freq_scale * theta_base;
+            const float c = cosf(theta), s = sinf(theta);
+            for (int64_t h = 0; h < n_heads; ++h) {
+                float *head = x + (r * n_heads + h) * head_dim;
+                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float x0 = head[a], x1 = head[b];
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+/* y[i] = silu(gate[i]) * up[i] */
+void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* y[i] = gelu_tanh(gate[i]) * up[i] */
+void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
+    const float sqrt_2_over_pi = 0.79788456080286535588f, coef = 0.044715f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        y[i] = 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + coef * g * g))) * up[i];
+    }
+}
+
+typedef struct {
+    const float *q;            /* (m, n_head, d) */
+    const float *k, *v;        /* (n_kv, n_head_kv, d) */
+    const int32_t *qpos;       /* (m,) */
+    const int32_t *kpos;       /* (n_kv,) */
+    int64_t m, n_kv, n_head, n_head_kv, d;
+    float scale, softcap;
+    int32_t window;            /* 0: no sliding window */
+    float *out;                /* (m, n_head, d) */
+    float *scores;             /* (n_threads, n_kv) scratch */
+} attention_job;
+
+/* One (query row, head): softmax over the visible keys in cache order, then the weighted sum of values. */
+static void attend_one(const attention_job *job, int64_t r, int64_t h, float *scores) {
+    const int64_t d = job->d, group = job->n_head / job->n_head_kv, hk = h / group;
+    const float *q = job->q + (r * job->n_head + h) * d;
+    float *out = job->out + (r * job->n_head + h) * d;
+    const int32_t qp = job->qpos[r];
+    float max = -INFINITY;
+    for (int64_t t = 0; t < job->n_kv; ++t) {
+        const int32_t kp = job->kpos[t];
+        if (kp < 0 || kp > qp || (job->window > 0 && qp - kp >= job->window)) {
+            scores[t] = -INFINITY;
+            continue;
+        }
+        const float *k = job->k + (t * job->n_head_kv + hk) * d;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < d; ++i) dot = fmaf(q[i], k[i], dot);
+        float s = dot * job->scale;
+        if (job->softcap > 0.0f) s = job->softcap * tanhf(s / job->softcap);
+        scores[t] = s;
+        max = s > max ? s : max;
+    }
+    for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+    if (max == -INFINITY) return;  /* no visible key */
+    float sum = 0.0f;
+    for (int64_t t = 0; t < job->n_kv; ++t) {
+        scores[t] = scores[t] == -INFINITY ? 0.0f : expf(scores[t] - max);
+        sum += scores[t];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t t = 0; t < job->n_kv; ++t) {
+        if (scores[t] == 0.0f) continue;
+        const float p = scores[t] * inv;
+        const float *v = job->v + (t * job->n_head_kv + hk) * d;
+        for (int64_t i = 0; i < d; ++i) out[i] = fmaf(p, v[i], out[i]);
+    }
+}
+
+static void attention_task(void *arg, int ith, int nth) {
+    const attention_job *job = arg;
+    float *scores = job->scores + ith * job->n_kv;
+    const int64_t total = job->m * job->n_head;
+    for (int64_t idx = ith; idx < total; idx += nth) attend_one(job, idx / job->n_head, idx % job->n_head, scores);
+}
+
+int pyllm_attention(const float *q, const float *k, const float *v, const int32_t *qpos, const int32_t *kpos,
+                    int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d, float scale,
+                    int32_t window, float softcap, float *out, int n_threads) {
+    if (m <= 0 || n_kv <= 0 || d <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return PYLLM_ERR_SHAPE;
+    if (n_threads <= 0) n_threads = pyllm_physical_cores();
+    if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
+    float *scores = malloc((size_t)(n_threads * n_kv) * sizeof(float));
+    if (scores == NULL) return PYLLM_ERR_NOMEM;
+    attention_job job = {q, k, v, qpos, kpos, m, n_kv, n_head, n_head_kv, d, scale, softcap, window, out, scores};
+    const int status = pyllm_pool_run(n_threads, attention_task, &job);
+    free(scores);
+    return status;
+}

@@ -1,0 +1,221 @@
+"""The forward pass: a GGUF model's weights, its KV cache, and prefill/decode.
+
+A transformer block (every family; the Family flags switch the optional parts):
+
+    h = x + post_attn_norm(attn(rope(norm(x))))
+    x = h + post_ffw_norm(down(act(gate(norm(h))) * up(norm(h))))
+
+Weights stay quantized in the mmap; matmuls run in the C core over all rows of
+a batch at once, attention per sequence over its cache. Every op computes each
+row alone, in a fixed order, so a token's logits do not depend on how the
+prompt was split into batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import kernels
+from .arch import ArchitectureError, Config
+from .gguf import GGUFFile
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A weight in place in the mmap: (rows, row_bytes) blocks of `type`."""
+    data: np.ndarray
+    type: int
+    shape: tuple[int, ...]   # GGUF order: shape[0] is the row length
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    wq: Tensor
+    wk: Tensor
+    wv: Tensor
+    wo: Tensor
+    ffn_norm: np.ndarray
+    w_gate: Tensor
+    w_up: Tensor
+    w_down: Tensor
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffw_norm: np.ndarray | None = None
+
+
+class Weights:
+    def __init__(self, f: GGUFFile, cfg: Config) -> None:
+        self._f = f
+        fam = cfg.family
+        self.token_embd = self.tensor("token_embd.weight")
+        self.output_norm = self.vector("output_norm.weight")
+        # tied output (gemma, small llamas) reuses the embedding matrix
+        self.output = self.tensor("output.weight") if "output.weight" in f.tensors else self.token_embd
+        self.layers = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            opt = self.optional_vector
+            self.layers.append(Layer(
+                attn_norm=self.vector(p + "attn_norm.weight"),
+                wq=self.tensor(p + "attn_q.weight"), wk=self.tensor(p + "attn_k.weight"),
+                wv=self.tensor(p + "attn_v.weight"), wo=self.tensor(p + "attn_output.weight"),
+                ffn_norm=self.vector(p + "ffn_norm.weight"),
+                w_gate=self.tensor(p + "ffn_gate.weight"), w_up=self.tensor(p + "ffn_up.weight"),
+                w_down=self.tensor(p + "ffn_down.weight"),
+                bq=opt(p + "attn_q.bias") if fam.qkv_bias else None,
+                bk=opt(p + "attn_k.bias") if fam.qkv_bias else None,
+                bv=opt(p + "attn_v.bias") if fam.qkv_bias else None,
+                q_norm=self.vector(p + "attn_q_norm.weight") if fam.qk_norm else None,
+                k_norm=self.vector(p + "attn_k_norm.weight") if fam.qk_norm else None,
+                post_attn_norm=self.vector(p + "post_attention_norm.weight") if fam.post_norms else None,
+                post_ffw_norm=self.vector(p + "post_ffw_norm.weight") if fam.post_norms else None,
+            ))
+
+    def _info(self, name: str):
+        info = self._f.tensors.get(name)
+        if info is None:
+            raise ArchitectureError(f"{self._f.path}: missing tensor {name}")
+        return info
+
+    def tensor(self, name: str) -> Tensor:
+        info = self._info(name)
+        return Tensor(self._f.raw(name), info.type, info.shape)
+
+    def vector(self, name: str) -> np.ndarray:
+        """A small tensor (norm weight, bias) as float32."""
+        info = self._info(name)
+        return kernels.dequantize(self._f.raw(name), info.type).reshape(-1)
+
+    def optional_vector(self, name: str) -> np.ndarray | None:
+        return self.vector(name) if name in self._f.tensors else None
+
+
+@dataclass
+class KVCache:
+    """One sequence's cache: per layer keys and values (n_ctx, n_head_kv, head_dim), float32.
+
+    positions[slot] is the position of the token in that slot, -1 for an empty slot.
+    """
+    n_ctx: int
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+    positions: np.ndarray = field(init=False)
+    n_used: int = 0
+
+    def __post_init__(self) -> None:
+        self.positions = np.full(self.n_ctx, -1, dtype=np.int32)
+
+    @classmethod
+    def for_model(cls, cfg: Config, n_ctx: int) -> KVCache:
+        shape_k = (n_ctx, cfg.n_head_kv, cfg.head_dim)
+        shape_v = (n_ctx, cfg.n_head_kv, cfg.head_dim_v)
+        return cls(n_ctx, [np.zeros(shape_k, np.float32) for _ in range(cfg.n_layer)],
+                   [np.zeros(shape_v, np.float32) for _ in range(cfg.n_layer)])
+
+    def clear(self) -> None:
+        self.positions[:] = -1
+        self.n_used = 0
+
+    def truncate(self, n_tokens: int) -> None:
+        """Keep the first n_tokens slots (a shared prompt prefix), drop the rest."""
+        self.positions[n_tokens:] = -1
+        self.n_used = min(self.n_used, n_tokens)
+
+
+class ContextFullError(ValueError):
+    """More tokens than the context holds."""
+
+
+class Model:
+    def __init__(self, f: GGUFFile, n_threads: int | None = None) -> None:
+        self.file = f
+        self.config = Config.from_gguf(f)
+        self.weights = Weights(f, self.config)
+        self.n_threads = n_threads
+        self.n_vocab = self.weights.output.shape[1]
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache.for_model(self.config, n_ctx)
+
+    def _matmul(self, w: Tensor, x: np.ndarray) -> np.ndarray:
+        return kernels.matmul(w.data, w.type, x, n_threads=self.n_threads)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        emb = self.weights.token_embd
+        x = kernels.dequantize(emb.data[tokens], emb.type)
+        if self.config.family.embed_scale:
+            x *= np.float32(np.sqrt(self.config.n_embd))
+        return x
+
+    def forward(self, tokens: list[int] | np.ndarray, cache: KVCache, logits: str = "last") -> np.ndarray:
+        """Run tokens (continuing the cache) and return logits.
+
+        logits: "last" -> (n_vocab,) for the last token; "all" -> (len(tokens), n_vocab).
+        """
+        cfg = self.config
+        tokens = np.asarray(tokens, dtype=np.int64)
+        m = len(tokens)
+        if m == 0:
+            raise ValueError("no tokens to evaluate")
+        if np.any(tokens < 0) or np.any(tokens >= self.weights.token_embd.shape[1]):
+            raise ValueError(f"token id out of range [0, {self.weights.token_embd.shape[1]})")
+        if cache.n_used + m > cache.n_ctx:
+            raise ContextFullError(f"{cache.n_used} + {m} tokens exceed the context of {cache.n_ctx}")
+        start = cache.n_used
+        slots = slice(start, start + m)
+        positions = np.arange(start, start + m, dtype=np.int32)
+        cache.positions[slots] = positions
+        cache.n_used += m
+
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.weights.layers):
+            x = self._block(i, layer, x, positions, cache, slots)
+        rows = x if logits == "all" else x[-1:]
+        h = kernels.rms_norm(rows, self.weights.output_norm, cfg.norm_eps)
+        out = self._matmul(self.weights.output, h)
+        return out if logits == "all" else out[0]
+
+    def _block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache: KVCache,
+               slots: slice) -> np.ndarray:
+        cfg, fam = self.config, self.config.family
+        m = x.shape[0]
+        h = kernels.rms_norm(x, layer.attn_norm, cfg.norm_eps)
+        q, k, v = self._matmul(layer.wq, h), self._matmul(layer.wk, h), self._matmul(layer.wv, h)
+        if layer.bq is not None:
+            q += layer.bq
+        if layer.bk is not None:
+            k += layer.bk
+        if layer.bv is not None:
+            v += layer.bv
+        q = q.reshape(m, cfg.n_head, cfg.head_dim)
+        k = k.reshape(m, cfg.n_head_kv, cfg.head_dim)
+        v = v.reshape(m, cfg.n_head_kv, cfg.head_dim_v)
+        if fam.qk_norm:
+            q = kernels.rms_norm(q, layer.q_norm, cfg.norm_eps)
+            k = kernels.rms_norm(k, layer.k_norm, cfg.norm_eps)
+        base, scale = cfg.layer_rope(i)
+        kernels.rope(q, positions, cfg.n_rot, base, scale, fam.rope_neox)
+        kernels.rope(k, positions, cfg.n_rot, base, scale, fam.rope_neox)
+        cache.k[i][slots] = k
+        cache.v[i][slots] = v
+        n = cache.n_used
+        window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
+        attn = kernels.attention(q, cache.k[i][:n], cache.v[i][:n], positions, cache.positions[:n],
+                                 cfg.attn_scale, window, n_threads=self.n_threads)
+        o = self._matmul(layer.wo, attn.reshape(m, -1))
+        if layer.post_attn_norm is not None:
+            o = kernels.rms_norm(o, layer.post_attn_norm, cfg.norm_eps)
+        x = x + o
+        h = kernels.rms_norm(x, layer.ffn_norm, cfg.norm_eps)
+        a = kernels.gated_activation(self._matmul(layer.w_gate, h), self._matmul(layer.w_up, h), fam.activation)
+        f = self._matmul(layer.w_down, a)
+        if layer.post_ffw_norm is not None:
+            f = kernels.rms_norm(f, layer.post_ffw_norm, cfg.norm_eps)
+        return x + f
