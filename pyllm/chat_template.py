@@ -1,0 +1,325 @@
+"""Chat templates: turning a list of messages into the prompt text a chat model expects.
+
+A GGUF file usually carries its chat template as ``tokenizer.chat_template``: a Jinja2
+template written for Hugging Face ``apply_chat_template``. `render_chat` renders it the
+way Hugging Face does:
+
+* a sandbox that cannot modify its inputs or reach Python internals
+  (`jinja2.sandbox.ImmutableSandboxedEnvironment`), with ``trim_blocks`` and
+  ``lstrip_blocks`` on and the ``loopcontrols`` extension (``{% break %}``,
+  ``{% continue %}``); the ``{% generation %}`` tag that training templates use renders
+  its body unchanged;
+* the globals ``raise_exception(message)`` (raises `ChatTemplateError`) and
+  ``strftime_now(format)`` (the local time, formatted);
+* a ``tojson`` filter that writes plain JSON - non-ASCII characters kept, no HTML
+  escaping, keys in their given order - and takes ``indent``, ``separators``,
+  ``sort_keys`` and ``ensure_ascii`` like `json.dumps`;
+* the variables ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``,
+  ``tools`` (None) and ``documents`` (None), plus any extra keyword arguments.
+
+When a file has no template, a built-in one is chosen by the model family (the GGUF
+``general.architecture``): see `FAMILY_TEMPLATES` and `builtin_template`. The built-ins
+produce what those models' published templates produce:
+
+* ``chatml`` (Qwen 2/3, and the default): ``<|im_start|>{role}\\n{content}<|im_end|>\\n``
+  per message, ``<|im_start|>assistant\\n`` as the generation prompt, no BOS text.
+* ``gemma`` (Gemma 1/2/3): ``bos_token``, then ``<start_of_turn>{role}\\n{content}<end_of_turn>\\n``
+  per message with role ``assistant`` written as ``model`` and the content stripped; a
+  leading system message is not a turn of its own but is put, followed by a blank line,
+  in front of the first user message; the turns after it must alternate user/assistant,
+  starting with user. Generation prompt: ``<start_of_turn>model\\n``.
+* ``llama3``: ``bos_token``, then ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``
+  per message (content stripped); generation prompt ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``.
+* ``llama2``: ``{bos}[INST] {user} [/INST] {assistant} {eos}`` per exchange, a leading
+  system message wrapped in ``<<SYS>>\\n...\\n<</SYS>>\\n\\n`` inside the first ``[INST]``; the
+  prompt always ends ready for the answer, so ``add_generation_prompt`` changes nothing.
+
+Templates that write ``bos_token`` into the text (``gemma``, ``llama3``, ``llama2`` and
+many GGUF templates) expect the tokenizer *not* to add another BOS token in front.
+
+Every failure - malformed messages, template syntax errors, errors while rendering,
+``raise_exception`` calls, and attempts to escape the sandbox - raises
+`ChatTemplateError`, a `ValueError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "DEFAULT_BUILTIN",
+    "FAMILY_TEMPLATES",
+    "ChatTemplateError",
+    "builtin_for_family",
+    "builtin_template",
+    "render_chat",
+    "validate_messages",
+]
+
+
+class ChatTemplateError(ValueError):
+    """Messages a template cannot render, or a template that fails or misbehaves."""
+
+
+def _one_line(text: object) -> str:
+    return re.sub(r"\s*\n\s*", " ", str(text)).strip()
+
+
+# -- built-in templates ----------------------------------------------------------------------
+
+_CHATML = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' ~ m['role'] ~ '\\n' ~ m['content'] ~ '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+_GEMMA = (
+    "{{- bos_token -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system_prefix = messages[0]['content'] ~ '\\n\\n' -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set system_prefix = '' -%}"
+    "{%- set turns = messages -%}"
+    "{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{- raise_exception('gemma template: after an optional system message the roles must alternate"
+    " user/assistant/user/..., starting with user') -}}"
+    "{%- endif -%}"
+    "{{- '<start_of_turn>' ~ ('model' if m['role'] == 'assistant' else m['role']) ~ '\\n' -}}"
+    "{{- (system_prefix if loop.first else '') ~ (m['content'] | trim) ~ '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+_LLAMA3 = (
+    "{{- bos_token -}}"
+    "{%- for m in messages -%}"
+    "{{- '<|start_header_id|>' ~ m['role'] ~ '<|end_header_id|>\\n\\n' ~ (m['content'] | trim) ~ '<|eot_id|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+)
+
+_LLAMA2 = (
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system_text = messages[0]['content'] -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set system_text = none -%}"
+    "{%- set turns = messages -%}"
+    "{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{- raise_exception('llama2 template: after an optional system message the roles must alternate"
+    " user/assistant/user/..., starting with user') -}}"
+    "{%- endif -%}"
+    "{%- if loop.first and system_text is not none -%}"
+    "{%- set text = '<<SYS>>\\n' ~ system_text ~ '\\n<</SYS>>\\n\\n' ~ m['content'] -%}"
+    "{%- else -%}"
+    "{%- set text = m['content'] -%}"
+    "{%- endif -%}"
+    "{%- if m['role'] == 'user' -%}"
+    "{{- bos_token ~ '[INST] ' ~ (text | trim) ~ ' [/INST]' -}}"
+    "{%- else -%}"
+    "{{- ' ' ~ (text | trim) ~ ' ' ~ eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "chatml": _CHATML,
+    "gemma": _GEMMA,
+    "llama2": _LLAMA2,
+    "llama3": _LLAMA3,
+}
+
+DEFAULT_BUILTIN = "chatml"
+
+# GGUF general.architecture -> built-in template. "llama" is deliberately absent: that
+# architecture covers Llama 2, Llama 3 and many fine-tunes with their own formats (SmolLM2
+# is ChatML), so it gets the default; a caller that knows better passes "llama2"/"llama3".
+FAMILY_TEMPLATES: dict[str, str] = {
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3n": "gemma",
+    "qwen": "chatml",
+    "qwen2": "chatml",
+    "qwen2moe": "chatml",
+    "qwen2vl": "chatml",
+    "qwen3": "chatml",
+    "qwen3moe": "chatml",
+    "llama2": "llama2",
+    "llama3": "llama3",
+    "chatml": "chatml",
+}
+
+
+def builtin_template(name: str) -> str:
+    """The Jinja source of the built-in template `name` (a key of `BUILTIN_TEMPLATES`)."""
+    try:
+        return BUILTIN_TEMPLATES[name]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(BUILTIN_TEMPLATES))
+        raise ChatTemplateError(f"no built-in chat template named {name!r} (known: {known})") from None
+
+
+def builtin_for_family(family: str | None) -> str:
+    """The name of the built-in template for a model family; `DEFAULT_BUILTIN` if unknown."""
+    if not family:
+        return DEFAULT_BUILTIN
+    return FAMILY_TEMPLATES.get(family.strip().lower(), DEFAULT_BUILTIN)
+
+
+# -- the sandbox -----------------------------------------------------------------------------
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Hugging Face's environment, except that touching an unsafe attribute fails at once.
+
+    Jinja's sandbox returns an undefined value for ``''.__class__`` that only fails when
+    used further (and prints as an empty string); here the access itself raises.
+    """
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:  # type: ignore[override]
+        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+
+
+class _GenerationTag(Extension):
+    """``{% generation %}...{% endgeneration %}``: marks assistant text in training templates; renders the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: object = "") -> NoReturn:
+    raise ChatTemplateError(f"chat template error: {_one_line(message)}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _make_env() -> _Sandbox:
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+_ENV = _make_env()
+
+
+@functools.lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    try:
+        return _ENV.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        where = f" (line {e.lineno})" if e.lineno else ""
+        raise ChatTemplateError(f"chat template syntax error{where}: {_one_line(e.message)}") from None
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template does not compile: {_one_line(e)}") from None
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check the message list and return it as a new list of plain dicts.
+
+    Each message must be a dict with a non-empty string ``role`` and a string ``content``;
+    other keys (``name``, ``tool_calls``, ...) are passed through to the template.
+    """
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+        raise ChatTemplateError(f"messages must be a list of dicts, got {type(messages).__name__}")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ChatTemplateError(f"message {i}: must be a dict with 'role' and 'content', got {type(m).__name__}")
+        if "role" not in m:
+            raise ChatTemplateError(f"message {i}: missing 'role'")
+        role = m["role"]
+        if not isinstance(role, str) or not role:
+            raise ChatTemplateError(f"message {i}: 'role' must be a non-empty string, got {role!r}")
+        if "content" not in m:
+            raise ChatTemplateError(f"message {i} ({role}): missing 'content'")
+        if not isinstance(m["content"], str):
+            raise ChatTemplateError(
+                f"message {i} ({role}): 'content' must be a string, got {type(m['content']).__name__}"
+            )
+        out.append(dict(m))
+    return out
+
+
+def render_chat(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str,
+    eos_token: str,
+    family: str | None = None,
+    **extra: Any,
+) -> str:
+    """Render `messages` with a chat template and return the prompt text.
+
+    `template` is the GGUF's ``tokenizer.chat_template``; when it is None or blank the
+    built-in template for `family` (the GGUF ``general.architecture``, or a built-in name
+    such as ``"llama3"``) is used, ChatML for an unknown or missing family. `bos_token` and
+    `eos_token` are the *texts* of those tokens. Extra keyword arguments become template
+    variables (``tools``, ``date_string``, ``enable_thinking``, ...).
+    """
+    if not isinstance(bos_token, str) or not isinstance(eos_token, str):
+        raise ChatTemplateError("bos_token and eos_token must be strings (the token texts)")
+    if template is not None and not isinstance(template, str):
+        raise ChatTemplateError(f"chat template must be a string or None, got {type(template).__name__}")
+    msgs = validate_messages(messages)
+    source = template if template and template.strip() else builtin_template(builtin_for_family(family))
+    compiled = _compile(source)
+    variables: dict[str, Any] = {"tools": None, "documents": None}
+    variables.update(extra)
+    variables.update(
+        messages=msgs,
+        add_generation_prompt=bool(add_generation_prompt),
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )
+    try:
+        return compiled.render(variables)
+    except ChatTemplateError:
+        raise
+    except SecurityError as e:
+        raise ChatTemplateError(f"chat template blocked by the sandbox: {_one_line(e)}") from None
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {_one_line(e)}") from None
+    except Exception as e:  # errors raised by Python operations the template performs
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {_one_line(e)}") from None
