@@ -9,7 +9,7 @@ C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*.c))
 .PHONY: help install build models chat test test-py test-c test-asan bench-kernels lint clean
 
 help:
-	@echo "make chat       install pyllm, fetch the default model, show it (the chat arrives with the model issue)"
+	@echo "make chat       install pyllm, fetch the default model and chat with it"
 	@echo "make test       install the test dependencies and run every test (what CI runs)"
 	@echo "make test-asan  the C kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make models     fetch the catalogue models the tests use into models/"
@@ -26,7 +26,8 @@ models: install
 	$(PYTHON) -m pyllm.cli pull gemma3-270m
 
 chat: install
-	$(PYTHON) -m pyllm.cli info smollm2-135m-instruct
+	$(PYTHON) -m pyllm.cli pull smollm2-135m-instruct
+	$(PYTHON) -m pyllm.cli chat smollm2-135m-instruct
 
 C_TESTS = test_kernels test_simd_stress
 C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*.inc)

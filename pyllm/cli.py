@@ -74,6 +74,140 @@ def info(model: str, as_json: bool) -> None:
         click.echo(f"  {key:<38} {value}")
 
 
+def _sampling_options(fn):
+    """The sampling flags shared by `run` and `chat`."""
+    options = [
+        click.option("--temp", "temperature", type=float, default=None, help="Temperature; 0 is greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True),
+        click.option("--top-p", type=click.FloatRange(0, 1), default=0.95, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True),
+        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True),
+        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
+        click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=None,
+                     help="Most tokens to generate (default: to the end of the context)."),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True),
+        click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+                     help="Threads (default: all physical cores)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _load(model: str, n_ctx: int, threads: int | None, seed: int | None):
+    from .llama import Llama
+    try:
+        return Llama(str(catalogue.resolve(model)), n_ctx=n_ctx, n_threads=threads, seed=seed)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("model")
+@click.argument("prompt")
+@_sampling_options
+def run(model: str, prompt: str, temperature: float | None, top_k: int, top_p: float, min_p: float,
+        repeat_penalty: float, seed: int | None, max_tokens: int | None, n_ctx: int, threads: int | None) -> None:
+    """Complete PROMPT with MODEL and stream the text to stdout."""
+    llm = _load(model, n_ctx, threads, seed)
+    try:
+        chunks = llm.create_completion(prompt, max_tokens=max_tokens or -1, temperature=0.8 if temperature is None
+                                       else temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                       repeat_penalty=repeat_penalty, seed=seed, stream=True)
+        for chunk in chunks:
+            click.echo(chunk["choices"][0]["text"], nl=False)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo()
+
+
+@main.command()
+@click.argument("model", default=catalogue.DEFAULT_MODEL)
+@click.option("--system", default=None, help="A system prompt.")
+@click.option("--stats", is_flag=True, help="Print time to first token and tokens/s after each reply.")
+@_sampling_options
+def chat(model: str, system: str | None, stats: bool, temperature: float | None, top_k: int, top_p: float,
+         min_p: float, repeat_penalty: float, seed: int | None, max_tokens: int | None, n_ctx: int,
+         threads: int | None) -> None:
+    """Talk with MODEL (default: the catalogue's default chat model).
+
+    Replies stream as they are generated; earlier turns stay in the KV cache.
+    /reset starts over, /exit (or Ctrl-D) quits, Ctrl-C stops a reply.
+    """
+    import time
+
+    llm = _load(model, n_ctx, threads, seed)
+    click.echo(f"pyllm chat: {Path(llm.model_path).name} ({llm.metadata.get('general.architecture')}), "
+               f"context {llm.n_ctx}. /reset, /exit", err=True)
+    messages: list[dict] = [{"role": "system", "content": system}] if system else []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            click.echo()
+            return
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            messages = messages[:1] if system else []
+            llm.reset()
+            click.echo("(conversation cleared)", err=True)
+            continue
+        messages.append({"role": "user", "content": text})
+        reply, n_tokens, first_at = [], 0, None
+        start = time.perf_counter()
+        try:
+            for chunk in llm.create_chat_completion(
+                    messages, stream=True, max_tokens=max_tokens, temperature=0.2 if temperature is None
+                    else temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty):
+                piece = chunk["choices"][0]["delta"].get("content", "")
+                if piece:
+                    first_at = first_at or time.perf_counter()
+                    n_tokens += 1
+                    reply.append(piece)
+                    click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            click.echo(" [stopped]", nl=False)
+        except ValueError as exc:
+            click.echo(f"\nerror: {exc}", err=True)
+            messages.pop()
+            continue
+        click.echo()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+        if stats and first_at is not None:
+            elapsed = time.perf_counter() - first_at
+            rate = (n_tokens - 1) / elapsed if n_tokens > 1 and elapsed > 0 else float("nan")
+            click.echo(f"[ttft {1e3 * (first_at - start):.0f} ms, {rate:.1f} tok/s, {n_tokens} chunks]", err=True)
+
+
+@main.command()
+@click.argument("model")
+@click.argument("text")
+@click.option("--no-bos", is_flag=True, help="Do not add the BOS token.")
+@click.option("--special/--no-special", default=True, show_default=True,
+              help="Parse special-token text (e.g. <|im_start|>) as those tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ids as a JSON list.")
+def tokenize(model: str, text: str, no_bos: bool, special: bool, as_json: bool) -> None:
+    """Show how MODEL's tokenizer splits TEXT."""
+    from .llama import Llama
+    try:
+        llm = Llama(str(catalogue.resolve(model)), vocab_only=True)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=not no_bos, special=special)
+    if as_json:
+        click.echo(json.dumps(ids))
+        return
+    for i in ids:
+        click.echo(f"{i:>8}  {llm.tokenizer.token_to_piece(i, special=True)!r}")
+
+
 @main.command()
 @click.argument("name", type=click.Choice(sorted(catalogue.CATALOGUE)))
 def pull(name: str) -> None:

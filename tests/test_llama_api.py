@@ -1,0 +1,103 @@
+"""The Python API (llama-cpp-python's shapes) and the CLI, on the default chat model.
+
+Expected greedy texts were produced by llama.cpp (llama-cpp-python 0.3.36) on the same file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pyllm.cli import main
+from pyllm.llama import Llama
+from pyllm.model import ContextFullError
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path) -> Llama:
+    return Llama(str(smollm2_path), n_ctx=256, n_threads=2)
+
+
+def test_greedy_completion_matches_llama_cpp(llm: Llama) -> None:
+    out = llm.create_completion("The capital of France is", max_tokens=4, temperature=0)
+    assert out["object"] == "text_completion"
+    assert out["choices"][0]["text"] == " Paris.\n\n"
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+
+
+def test_chat_prompt_tokens_and_first_words_match_llama_cpp(llm: Llama) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = llm.apply_chat_template(messages)
+    assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    tokens = llm.tokenize(prompt.encode(), special=True)
+    assert len(tokens) == 37 and tokens[:3] == [1, 9690, 198]
+    reply = llm.create_chat_completion(messages, temperature=0, max_tokens=8)
+    assert reply["object"] == "chat.completion"
+    assert reply["choices"][0]["message"]["content"].startswith("L'Étoile, la")
+
+
+def test_stream_chunks_join_to_the_plain_answer(llm: Llama) -> None:
+    messages = [{"role": "user", "content": "Name three colors."}]
+    plain = llm.create_chat_completion(messages, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
+    chunks = list(llm.create_chat_completion(messages, temperature=0, max_tokens=12, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == plain
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings_cut_the_text(llm: Llama) -> None:
+    out = llm.create_completion("The capital of France is", max_tokens=8, temperature=0, stop=["."])
+    assert out["choices"][0]["text"] == " Paris"
+    assert out["choices"][0]["finish_reason"] == "stop"
+
+
+def test_seeded_sampling_is_reproducible(llm: Llama) -> None:
+    a = llm.create_completion("Once upon a time", max_tokens=8, temperature=1.0, seed=7)
+    b = llm.create_completion("Once upon a time", max_tokens=8, temperature=1.0, seed=7)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+def test_logits_match_the_cached_prefill_path(llm: Llama) -> None:
+    tokens = llm.tokenize(b"Hello there, how are you")
+    all_logits = llm.logits(tokens)
+    assert all_logits.shape == (len(tokens), llm.n_vocab())
+    llm.create_completion(tokens, max_tokens=1, temperature=0)  # caches the prompt
+    again = llm._prefill(tokens + [tokens[-1]])                  # reuses the cached prefix
+    alone = llm.logits(tokens + [tokens[-1]])[-1]
+    np.testing.assert_array_equal(again.view(np.uint32), alone.view(np.uint32))
+
+
+def test_bad_inputs_raise_clear_errors(llm: Llama) -> None:
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.create_completion([], max_tokens=1)
+    with pytest.raises(ContextFullError, match="context holds 256"):
+        llm.create_completion([1] * 300, max_tokens=1)
+    with pytest.raises(ValueError, match="temperature"):
+        llm.create_completion("hi", temperature=-1)
+    with pytest.raises(ValueError, match="GPU offload"):
+        Llama(llm.model_path, n_gpu_layers=10)
+
+
+def test_cli_commands(smollm2_path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for command in ("chat", "run", "info", "tokenize", "pull", "list"):
+        assert command in result.output
+    result = runner.invoke(main, ["info", str(smollm2_path), "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["architecture"] == "llama"
+    result = runner.invoke(main, ["tokenize", str(smollm2_path), "<|im_start|>user", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output) == [1, 4093]
+    result = runner.invoke(main, ["run", str(smollm2_path), "The capital of France is", "--temp", "0", "-n", "4"])
+    assert result.exit_code == 0 and result.output == " Paris.\n\n\n"
+    result = runner.invoke(main, ["chat", str(smollm2_path), "--temp", "0", "-n", "3"], input="Hi\n/reset\n/exit\n")
+    assert result.exit_code == 0 and "(conversation cleared)" in result.output
+    result = runner.invoke(main, ["run", "no-such-model", "x"])
+    assert result.exit_code != 0 and "not a catalogue name" in result.output
+    result = runner.invoke(main, ["run", str(smollm2_path), "x", "--bogus"])
+    assert result.exit_code == 2 and "No such option" in result.output
