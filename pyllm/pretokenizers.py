@@ -298,6 +298,18 @@ _JAIS2 = (
 # apart outside ASCII (a non-ASCII letter counts as both).
 _UPPER_STAR_LOWER_PLUS = r"(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+"
 _UPPER_PLUS_LOWER_STAR = r"(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*"
+_GRANITE_EMB_MULTI = (
+    r"[^\r\n\p{L}\p{N}]?(?:(?=[\p{L}\p{M}])[^a-z])*(?:(?=[\p{L}\p{M}])[^A-Z])+(?:CI)?"
+    r"|[^\r\n\p{L}\p{N}]?(?:(?=[\p{L}\p{M}])[^a-z])+(?:(?=[\p{L}\p{M}])[^A-Z])*(?:CI)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_YOUTU = (
+    r"[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f"
+    r"\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:CI)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:CI)?"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
 _GPT4O = (
     rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER_STAR_LOWER_PLUS}(?:CI)?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER_PLUS_LOWER_STAR}(?:CI)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -336,6 +348,12 @@ _DEEPSEEK_LLM = (
     r"\s+\Z",  # ECMAScript '$': the very end only
     _CJK,
     r"\p{N}+",
+)
+_SPARK2_5 = (
+    r"\p{N}{1,3}",
+    _HAN_KANA,
+    r"[!-/:-@\[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
+    r"\p{N}",
 )
 _BLOOM = r" ?[^(\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
@@ -388,11 +406,10 @@ class PreTokenizer:
                 pos = 0
                 for m in pattern.finditer(piece):
                     a, b = m.span()
-                    if a == b:
-                        continue
                     if a > pos:
                         out.append((start + pos, start + a))
-                    out.append((start + a, start + b))
+                    if b > a:  # an empty match only marks a split point
+                        out.append((start + a, start + b))
                     pos = b
                 if start + pos < end:
                     out.append((start + pos, end))
@@ -438,6 +455,10 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = dict(
     + _family("laguna", r"[^\n]+|[\n]+", _QWEN2, clean_spaces=False)
     + _family("exaone-moe", _EXAONE_MOE)
     + _family("gpt-4o llama4 kanana2 talkie minimax-m2", _GPT4O, clean_spaces=False)
+    + _family("granite-embed-multi-97m", _GRANITE_EMB_MULTI, clean_spaces=False, ignore_merges=True)
+    + _family("youtu", *_YOUTU, clean_spaces=False, ignore_merges=True)
+    + _family("spark2_5", *_SPARK2_5, clean_spaces=False)
+    + _family("superbpe", r"\p{N}+", r"(?=(\d{3})+(?!\d))", clean_spaces=False)  # digits in threes from the right
     + _family("tekken", _TEKKEN, clean_spaces=False, ignore_merges=True, add_bos=True)
     + _family("bloom gpt3-finnish", _BLOOM)
     + _family("poro-chat", _BLOOM, clean_spaces=False)
@@ -448,8 +469,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = dict(
 
 # Known to llama.cpp but split by hand-written code that pyllm does not reproduce.
 UNSUPPORTED_PRE = frozenset(
-    "gemma4 granite-embed-multi-311m sarvam-moe whitespace kimi-k2 afmoe tiny_aya cohere2moe superbpe"
-    " granite-embed-multi-97m youtu spark2_5".split()
+    "gemma4 granite-embed-multi-311m sarvam-moe whitespace kimi-k2 afmoe tiny_aya cohere2moe".split()
 )
 
 
