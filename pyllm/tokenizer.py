@@ -71,6 +71,7 @@ _TYPE_ATTR = {1: _NORMAL, 2: _UNKNOWN, 3: _CONTROL, 4: _USER_DEFINED, 5: _UNUSED
 
 _SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
+_C_SPACE_BYTES = _C_SPACE.encode()
 
 
 def _gpt2_byte_alphabet() -> list[str]:
@@ -433,10 +434,8 @@ class Tokenizer:
                 eog.add(ids[name])  # type: ignore[arg-type]
         eog_texts = {self._texts[i] for i in eog}
         end = tid.get("<|end|>")
-        if end is not None and end in eog and (
-            ("<|return|>" in eog_texts and "<|call|>" in eog_texts)
-            or ({"<|call|>", "<|calls|>"} & eog_texts and "<|flush|>" in eog_texts)
-        ):
+        has_call = bool({"<|call|>", "<|calls|>"} & eog_texts)
+        if end is not None and end in eog and has_call and ({"<|return|>", "<|flush|>"} & eog_texts):
             eog.discard(end)
             attrs[end] = _USER_DEFINED
         eos_s = tid.get("</s>")
@@ -577,6 +576,7 @@ class Tokenizer:
         for s, tid, lstrip, rstrip in table.candidates(text):
             if not any(not isinstance(f, int) and s in f for f in frags):
                 continue
+            space = _C_SPACE if isinstance(text, str) else _C_SPACE_BYTES
             new: list[Any] = []
             for f in frags:
                 if isinstance(f, int) or s not in f:
@@ -589,18 +589,15 @@ class Tokenizer:
                         if base < end:
                             new.append(f[base:])
                         break
-                    left = f[base:m]
-                    if lstrip:
-                        left = left.rstrip(_C_SPACE if isinstance(f, str) else _C_SPACE.encode())
+                    left = f[base:m].rstrip(space) if lstrip else f[base:m]
                     if left:
                         new.append(left)
                     new.append(tid)
                     base = m + len(s)
+                    if rstrip:
+                        base = end - len(f[base:].lstrip(space))
                     if base >= end:
                         break
-                    if rstrip:
-                        while base < end and f[base : base + 1] in (_C_SPACE if isinstance(f, str) else b" \t\n\v\f\r"):
-                            base += 1
             frags = new
         return frags
 
