@@ -191,10 +191,17 @@ int pyllm_vec_dot(int tier, int type, const void *w, const void *act, int64_t n,
 }
 
 int pyllm_quantize_activations(int weight_type, const float *x, void *dst, int64_t n) {
+    ensure_init();
+    const int status = check_row(weight_type, n);
+    if (status != PYLLM_OK) return status;
     const int act_type = traits[weight_type].vec_dot_type;
+    if (act_type < 0) return PYLLM_ERR_TYPE;
     if (act_type == PYLLM_TYPE_F32) {
         memcpy(dst, x, (size_t)n * sizeof(float));
+    } else if (act_type == PYLLM_TYPE_Q8_0) {
+        quantize_row_q8_0_act(x, dst, n);
     } else {
+        if (n % traits[act_type].block_size != 0) return PYLLM_ERR_SHAPE;
         quantize_table[act_type](x, dst, n);
     }
     return PYLLM_OK;

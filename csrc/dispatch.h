@@ -13,9 +13,6 @@ vec_dot_fn pyllm_vec_dot_kernel(int tier, int type);
 /* The kernel of the active tier. */
 vec_dot_fn pyllm_active_vec_dot(int type);
 
-/* x[n] float32 -> one row of the activation format paired with weight_type. */
-int pyllm_quantize_activations(int weight_type, const float *x, void *dst, int64_t n);
-
 /* Bytes of one activation row of n elements for weight_type. */
 int64_t pyllm_activation_row_bytes(int weight_type, int64_t n);
 

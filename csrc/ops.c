@@ -60,7 +60,7 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
 
 typedef struct {
     const float *q;            /* (m, n_head, d) */
-    const float *k, *v;        /* (n_kv, n_head_kv, d) */
+    const fp16_t *k, *v;       /* (n_kv, n_head_kv, d), half precision like llama.cpp's cache */
     const int32_t *qpos;       /* (m,) */
     const int32_t *kpos;       /* (n_kv,) */
     int64_t m, n_kv, n_head, n_head_kv, d;
@@ -83,9 +83,9 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
             scores[t] = -INFINITY;
             continue;
         }
-        const float *k = job->k + (t * job->n_head_kv + hk) * d;
+        const fp16_t *k = job->k + (t * job->n_head_kv + hk) * d;
         float dot = 0.0f;
-        for (int64_t i = 0; i < d; ++i) dot = fmaf(q[i], k[i], dot);
+        for (int64_t i = 0; i < d; ++i) dot = fmaf(q[i], fp16_lookup(k[i]), dot);
         float s = dot * job->scale;
         if (job->softcap > 0.0f) s = job->softcap * tanhf(s / job->softcap);
         scores[t] = s;
@@ -102,8 +102,8 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     for (int64_t t = 0; t < job->n_kv; ++t) {
         if (scores[t] == 0.0f) continue;
         const float p = scores[t] * inv;
-        const float *v = job->v + (t * job->n_head_kv + hk) * d;
-        for (int64_t i = 0; i < d; ++i) out[i] = fmaf(p, v[i], out[i]);
+        const fp16_t *v = job->v + (t * job->n_head_kv + hk) * d;
+        for (int64_t i = 0; i < d; ++i) out[i] = fmaf(p, fp16_lookup(v[i]), out[i]);
     }
 }
 
@@ -114,9 +114,10 @@ static void attention_task(void *arg, int ith, int nth) {
     for (int64_t idx = ith; idx < total; idx += nth) attend_one(job, idx / job->n_head, idx % job->n_head, scores);
 }
 
-int pyllm_attention(const float *q, const float *k, const float *v, const int32_t *qpos, const int32_t *kpos,
-                    int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d, float scale,
-                    int32_t window, float softcap, float *out, int n_threads) {
+int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
+                    const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
+                    float scale, int32_t window, float softcap, float *out, int n_threads) {
+    pyllm_cpu_best_tier();  /* the fp16 table is filled on first use of the core */
     if (m <= 0 || n_kv <= 0 || d <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return PYLLM_ERR_SHAPE;
     if (n_threads <= 0) n_threads = pyllm_physical_cores();
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;

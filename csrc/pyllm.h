@@ -71,6 +71,10 @@ int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
 /* src[n] float32 -> dst: n elements of `type` (reference quantizers) */
 int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n);
 
+/* x[n] float32 -> one row of the activation format that pairs with weight `type` (what
+ * matmul feeds its vec_dot kernels: q8_0 with llama.cpp's x86 rounding, q8_K, or float32). */
+int pyllm_quantize_activations(int type, const float *x, void *dst, int64_t n);
+
 /* w: n elements of weight `type`; act: n elements of pyllm_vec_dot_type(type)
  * (float32 for F32/F16/BF16 weights) -> *out = their dot product, computed by
  * the kernel of the given tier. */
@@ -98,14 +102,14 @@ void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t n);
 void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
 
 /* Causal attention of m queries q[m, n_head, d] at positions qpos[m] over n_kv cached keys and
- * values k, v[n_kv, n_head_kv, d] at positions kpos[n_kv] (-1: empty slot): key t is visible
+ * values k, v[n_kv, n_head_kv, d] (IEEE half bits) at positions kpos[n_kv] (-1: empty slot): key t is visible
  * to query r when kpos[t] <= qpos[r] and, with window > 0, qpos[r] - kpos[t] < window.
  * scores = q.k * scale (then softcap * tanh(s / softcap) when softcap > 0); softmax over the
  * visible keys in cache order; out[m, n_head, d]. Grouped-query: head h reads kv head
  * h / (n_head / n_head_kv). */
-int pyllm_attention(const float *q, const float *k, const float *v, const int32_t *qpos, const int32_t *kpos,
-                    int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d, float scale,
-                    int32_t window, float softcap, float *out, int n_threads);
+int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
+                    const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
+                    float scale, int32_t window, float softcap, float *out, int n_threads);
 /* cffi-end */
 
 #endif /* PYLLM_H */

@@ -391,6 +391,23 @@ static void quantize_row_q8_0_ref(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* Activations for the 32-element formats, as llama.cpp's x86 CPU backend makes
+ * them: the same d as the reference, but q = round-half-even(x * 127 / amax)
+ * (not x / d, rounded away from zero). Matching it keeps our products closer
+ * to llama.cpp's. */
+void quantize_row_q8_0_act(const float *x, void *dst, int64_t n) {
+    block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / QK32; ++i, x += QK32) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK32; ++j) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < QK32; ++j) {
+            b[i].qs[j] = (int8_t)float_to_int_clamped(nearbyintf(x[j] * id), -127, 127);
+        }
+        b[i].d = fp32_to_fp16(amax / 127.0f);
+    }
+}
+
 /* Round to nearest, ties to even, for |v| < 2^22. */
 static inline int nearest_int(float v) {
     const float shifted = v + 12582912.0f;  /* 1.5 * 2^23 */

@@ -191,6 +191,11 @@ static inline __m256i block_sum_q8_0(const block_q8_0 *y) {
         return reduce_lanes8(lanes);                                                                          \
     }
 
+/* float -> the nearest half (ties to even) -> float, 8 lanes */
+static inline __m256 round_to_half(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
 /* x = d * q + m */
 #define VEC_DOT_32_OFFSET(name, block_t, block_dot)                                                           \
     static float name(int64_t n, const void *w, const void *act) {                                            \
@@ -202,19 +207,20 @@ static inline __m256i block_sum_q8_0(const block_q8_0 *y) {
         for (; b + 8 <= nb; b += 8) {                                                                         \
             const __m256 dy = halves8(&y[b].d, sizeof(block_q8_0));                                           \
             const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)), dy);                        \
-            const __m256 offset = _mm256_mul_ps(halves8(&x[b].m, sizeof(block_t)), dy);                       \
             const __m256 dot = _mm256_cvtepi32_ps(block_sums(EIGHT(block_dot, x + b, y + b)));                \
             const __m256 sum_a = _mm256_cvtepi32_ps(block_sums(EIGHT_Y(block_sum_q8_0, y + b)));              \
+            const __m256 act_sum = round_to_half(_mm256_mul_ps(dy, sum_a));                                   \
             acc = _mm256_fmadd_ps(scale, dot, acc);                                                           \
-            acc = _mm256_fmadd_ps(offset, sum_a, acc);                                                        \
+            acc = _mm256_fmadd_ps(halves8(&x[b].m, sizeof(block_t)), act_sum, acc);                           \
         }                                                                                                     \
         float lanes[8];                                                                                       \
         _mm256_storeu_ps(lanes, acc);                                                                         \
         for (; b < nb; ++b) {                                                                                 \
             const float dy = half_to_float(y[b].d);                                                           \
-            const float scale = half_to_float(x[b].d) * dy, offset = half_to_float(x[b].m) * dy;              \
+            const float scale = half_to_float(x[b].d) * dy;                                                   \
+            const float act_sum = fp16_to_fp32(fp32_to_fp16(dy * (float)hsum_i32x8(block_sum_q8_0(y + b))));  \
             lanes[b & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + b, y + b)), lanes[b & 7]);             \
-            lanes[b & 7] = fmaf(offset, (float)hsum_i32x8(block_sum_q8_0(y + b)), lanes[b & 7]);              \
+            lanes[b & 7] = fmaf(half_to_float(x[b].m), act_sum, lanes[b & 7]);                               \
         }                                                                                                     \
         return reduce_lanes8(lanes);                                                                          \
     }

@@ -22,6 +22,12 @@ static inline int32_t sum32_int(const int8_t a[QK32]) {
     return sum;
 }
 
+/* d_a * sum(a) rounded to half precision: the minimum term of Q4_1 / Q5_1 uses it,
+ * as llama.cpp's q8_1 activations store it, so the products agree with llama.cpp's. */
+static inline float act_sum_half(float d_a, const int8_t a[QK32]) {
+    return fp16_to_fp32(fp32_to_fp16(d_a * (float)sum32_int(a)));
+}
+
 static void unpack_q4(const uint8_t qs[16], int offset, int8_t q[QK32]) {
     for (int j = 0; j < 16; ++j) {
         q[j] = (int8_t)((qs[j] & 0xF) - offset);
@@ -59,9 +65,10 @@ static float vec_dot_q4_1_q8_0_generic(int64_t n, const void *w, const void *act
         int8_t q[QK32];
         unpack_q4(x[b].qs, 0, q);
         const float dy = fp16_to_fp32(y[b].d);
-        const float scale = fp16_to_fp32(x[b].d) * dy, offset = fp16_to_fp32(x[b].m) * dy;
+        const float scale = fp16_to_fp32(x[b].d) * dy;
+        const float act_sum = act_sum_half(dy, y[b].qs);
         acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
-        acc[b & 7] = fmaf(offset, (float)sum32_int(y[b].qs), acc[b & 7]);
+        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), act_sum, acc[b & 7]);
     }
     return reduce_lanes8(acc);
 }
@@ -87,9 +94,10 @@ static float vec_dot_q5_1_q8_0_generic(int64_t n, const void *w, const void *act
         int8_t q[QK32];
         unpack_q5(x[b].qh, x[b].qs, 0, q);
         const float dy = fp16_to_fp32(y[b].d);
-        const float scale = fp16_to_fp32(x[b].d) * dy, offset = fp16_to_fp32(x[b].m) * dy;
+        const float scale = fp16_to_fp32(x[b].d) * dy;
+        const float act_sum = act_sum_half(dy, y[b].qs);
         acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
-        acc[b & 7] = fmaf(offset, (float)sum32_int(y[b].qs), acc[b & 7]);
+        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), act_sum, acc[b & 7]);
     }
     return reduce_lanes8(acc);
 }

@@ -148,11 +148,23 @@ def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
 
 
 def quantize_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
-    """float32 activations -> the format vec_dot pairs with `weight_type` (float32 stays float32)."""
+    """float32 activations (rows along the last axis) -> the format matmul pairs with `weight_type`.
+
+    q8_0 activations round like llama.cpp's x86 backend (half to even, x * 127 / amax), which
+    can differ by one step from the weight quantizer `quantize(x, Q8_0)`.
+    """
     act = activation_type(weight_type)
-    if act == GGMLType.F32:
-        return np.ascontiguousarray(x, dtype=np.float32)
-    return quantize(x, act)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 0:
+        raise KernelError("activations must have at least one axis")
+    n = x.shape[-1]
+    out = np.empty(x.shape[:-1] + (row_bytes(act, n),), dtype=np.uint8)
+    rows_x, rows_out = x.reshape(-1, n), out.reshape(-1, out.shape[-1])
+    what = f"activations for {type_name(weight_type)}"
+    for r in range(rows_x.shape[0]):
+        _check(lib.pyllm_quantize_activations(int(weight_type), ffi.from_buffer("float[]", rows_x[r]),
+                                              ffi.from_buffer(rows_out[r]), n), what)
+    return out.view(np.float32) if act == GGMLType.F32 else out
 
 
 # ---- products -----------------------------------------------------------------
@@ -252,11 +264,14 @@ def gated_activation(gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, k_positions: np.ndarray,
               scale: float, window: int = 0, softcap: float = 0.0, n_threads: int | None = None) -> np.ndarray:
-    """Causal attention: q (m, n_head, d) over k, v (n_kv, n_head_kv, d) -> (m, n_head, d).
+    """Causal attention: q (m, n_head, d) float32 over k, v (n_kv, n_head_kv, d) float16 -> (m, n_head, d).
 
     Key t is visible to query r when k_positions[t] <= q_positions[r] (and within the sliding window).
     """
-    _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+    _f32(q, "q")
+    for name, a in (("k", k), ("v", v)):
+        if a.dtype != np.float16 or not a.flags.c_contiguous:
+            raise KernelError(f"{name} must be a contiguous float16 array (the KV cache's type)")
     m, n_head, d = q.shape
     n_kv, n_head_kv, _ = k.shape
     if k.shape != v.shape or k.shape[2] != d:
@@ -264,7 +279,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarr
     qpos = np.ascontiguousarray(q_positions, dtype=np.int32)
     kpos = np.ascontiguousarray(k_positions, dtype=np.int32)
     out = np.empty_like(q)
-    _check(lib.pyllm_attention(_fptr(q), _fptr(k), _fptr(v), ffi.from_buffer("int32_t[]", qpos),
+    _check(lib.pyllm_attention(_fptr(q), ffi.from_buffer("uint16_t[]", k), ffi.from_buffer("uint16_t[]", v),
+                               ffi.from_buffer("int32_t[]", qpos),
                                ffi.from_buffer("int32_t[]", kpos), m, n_kv, n_head, n_head_kv, d, float(scale),
                                int(window), float(softcap), _fptr(out), 0 if n_threads is None else n_threads),
            "attention")

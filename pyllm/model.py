@@ -99,7 +99,7 @@ class Weights:
 
 @dataclass
 class KVCache:
-    """One sequence's cache: per layer keys and values (n_ctx, n_head_kv, head_dim), float32.
+    """One sequence's cache: per layer keys and values (n_ctx, n_head_kv, head_dim), float16.
 
     positions[slot] is the position of the token in that slot, -1 for an empty slot.
     """
@@ -116,8 +116,8 @@ class KVCache:
     def for_model(cls, cfg: Config, n_ctx: int) -> KVCache:
         shape_k = (n_ctx, cfg.n_head_kv, cfg.head_dim)
         shape_v = (n_ctx, cfg.n_head_kv, cfg.head_dim_v)
-        return cls(n_ctx, [np.zeros(shape_k, np.float32) for _ in range(cfg.n_layer)],
-                   [np.zeros(shape_v, np.float32) for _ in range(cfg.n_layer)])
+        return cls(n_ctx, [np.zeros(shape_k, np.float16) for _ in range(cfg.n_layer)],
+                   [np.zeros(shape_v, np.float16) for _ in range(cfg.n_layer)])
 
     def clear(self) -> None:
         self.positions[:] = -1
@@ -203,7 +203,7 @@ class Model:
         base, scale = cfg.layer_rope(i)
         kernels.rope(q, positions, cfg.n_rot, base, scale, fam.rope_neox)
         kernels.rope(k, positions, cfg.n_rot, base, scale, fam.rope_neox)
-        cache.k[i][slots] = k
+        cache.k[i][slots] = k  # rounded to half precision, as llama.cpp's cache stores them
         cache.v[i][slots] = v
         n = cache.n_used
         window = cfg.sliding_window if cfg.is_swa_layer(i) else 0

@@ -289,10 +289,12 @@ class Tokenizer:
                 texts[i] = f"[EMPTY_{i}]"
         self._texts: list[str] = texts
         self._token_to_id: dict[str, int] = {t: i for i, t in enumerate(texts)}
-        if len(self._token_to_id) != n:
+        if len(self._token_to_id) != n:  # llama.cpp refuses such a vocabulary too
             seen: set[str] = set()
-            dup = next(t for t in texts if t in seen or seen.add(t))  # type: ignore[func-returns-value]
-            raise self._error(f"token text {dup!r} appears more than once in tokenizer.ggml.tokens")
+            for t in texts:
+                if t in seen:
+                    raise self._error(f"token text {t!r} appears more than once in tokenizer.ggml.tokens")
+                seen.add(t)
 
         scores = get("tokenizer.ggml.scores")
         if scores is None:
@@ -353,6 +355,7 @@ class Tokenizer:
             self.clean_spaces = pre_tok.clean_spaces
         self.add_eos = False
         self.add_space_prefix = bool(get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+        # read for completeness: llama.cpp applies it only to UGM (T5) vocabularies
         self.remove_extra_whitespaces = bool(get("tokenizer.ggml.remove_extra_whitespaces", False))
 
         for name, value in ids.items():
@@ -825,6 +828,8 @@ class Tokenizer:
         special: bool = False,
         remove_special: bool = False,
         clean_spaces: bool | None = None,
+        *,
+        continuation: bool = False,
     ) -> bytes:
         """The bytes of a token sequence, as ``llama_detokenize(remove_special, unparse_special=special)``.
 
@@ -832,9 +837,13 @@ class Tokenizer:
         a removed BOS came first); `remove_special` drops a leading BOS / trailing EOS that
         the vocabulary adds; `clean_spaces` (default: the vocabulary's setting) removes the
         space before ``?!.,`` and in `` 's`` / `` 're`` style contractions.
+
+        `continuation=True` is for tokens that continue earlier text (generated tokens): the
+        plain concatenation of the pieces, as llama.cpp's generation loop prints them (no
+        leading-space strip; no clean-up unless `clean_spaces` asks for it).
         """
         ids = [self._check_id(t) for t in tokens]
-        remove_space = self.add_space_prefix
+        remove_space = self.add_space_prefix and not continuation
         if remove_special and self.add_bos and ids and ids[0] == self.bos_id:
             remove_space = False
             ids = ids[1:]
@@ -845,34 +854,44 @@ class Tokenizer:
             parts.append(self.token_to_piece(i, special, 1 if remove_space else 0))
             remove_space = False
         text = b"".join(parts)
-        if self.clean_spaces if clean_spaces is None else clean_spaces:
+        if (self.clean_spaces and not continuation) if clean_spaces is None else clean_spaces:
             text = _clean_spaces(text)
         return text
 
-    def decode_text(self, tokens: Iterable[int], special: bool = False, remove_special: bool = False) -> str:
+    def decode_text(
+        self, tokens: Iterable[int], special: bool = False, remove_special: bool = False, *, continuation: bool = False
+    ) -> str:
         """`decode` as a str, bytes that are not UTF-8 replaced by U+FFFD."""
-        return self.decode(tokens, special, remove_special).decode("utf-8", "replace")
+        return self.decode(tokens, special, remove_special, continuation=continuation).decode("utf-8", "replace")
 
-    def stream(self, special: bool = False, remove_special: bool = False) -> StreamDecoder:
-        """A `StreamDecoder` for this vocabulary."""
-        return StreamDecoder(self, special=special, remove_special=remove_special)
+    def stream(
+        self, special: bool = False, remove_special: bool = False, *, continuation: bool = False
+    ) -> StreamDecoder:
+        """A `StreamDecoder` for this vocabulary (the same options as `decode`)."""
+        return StreamDecoder(self, special=special, remove_special=remove_special, continuation=continuation)
 
 
 class StreamDecoder:
     """Decode tokens one at a time, handing back only whole UTF-8 characters.
 
-    ``"".join(feed(t) for t in ids) + flush()`` equals ``tokenizer.decode(ids).decode("utf-8",
+    ``"".join(feed(t) for t in ids) + flush()`` equals ``tokenizer.decode(ids, ...).decode("utf-8",
     "replace")`` for the same options: a character split over several byte tokens comes out
     once its last byte arrives, and with the vocabulary's space clean-up the few bytes it may
     still change (around a space or an apostrophe) wait for the next token.
+
+    For generated tokens, which continue the prompt's text, use ``continuation=True``: the
+    text is then exactly the pieces llama.cpp prints, with no leading-space strip or clean-up.
     """
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = False, remove_special: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, special: bool = False, remove_special: bool = False, *, continuation: bool = False
+    ) -> None:
         self._tok = tokenizer
         self._special = special
         self._remove_special = remove_special
-        self._clean = tokenizer.clean_spaces
-        self._remove_space = tokenizer.add_space_prefix
+        self._continuation = continuation
+        self._clean = tokenizer.clean_spaces and not continuation
+        self._remove_space = tokenizer.add_space_prefix and not continuation
         self._first = True
         self._held_eos = False
         self._raw = bytearray()  # decoded bytes not yet cleaned and handed out
@@ -901,7 +920,7 @@ class StreamDecoder:
         self._held_eos = False
         text = self._emit(final=True)
         self._first = True
-        self._remove_space = self._tok.add_space_prefix
+        self._remove_space = self._tok.add_space_prefix and not self._continuation
         return text
 
     def _append(self, i: int) -> None:

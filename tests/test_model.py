@@ -164,11 +164,11 @@ def test_forward_matches_numpy_reference(tmp_path: Path, arch: str, weight_type:
         model = Model(f, n_threads=2)
         got = model.forward(TOKENS, model.new_cache(32), logits="all")
     assert got.shape == ref.shape
-    # float weights: float32 rounding only (seen: < 2e-6); quantized weights: the reference keeps
-    # float activations while pyllm quantizes them to q8 per matmul (seen: 1-3% rms on these random models)
+    # float weights: float32 rounding and the half-precision KV cache (seen: < 6e-4); quantized weights:
+    # the reference keeps float activations while pyllm quantizes them to q8 (seen: 1-3% rms here)
     rel_rms = np.sqrt(((got - ref) ** 2).mean() / (ref**2).mean())
     if weight_type == Q.F32:
-        assert rel_rms < 1e-5
+        assert rel_rms < 2e-3
         np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
     else:
         assert rel_rms < 5e-2

@@ -238,7 +238,11 @@ def test_gemma_speed(gemma_path: Path) -> None:
         t0 = time.perf_counter()
         tok = Tokenizer.from_gguf(f)
         built = time.perf_counter() - t0
-    text = (Path(__file__).read_text(encoding="utf-8")[:3000] + " Grüße, 世界! 😀") * 1
+    text = (
+        "def encode(self, text: str) -> list[int]:\n    return [ord(c) for c in text]  # ids\n\n"
+        "The quick brown fox jumps over the lazy dog; it's 12:30, isn't it? "
+        "Grüße aus Köln, 世界へようこそ, привет мир! 😀🎉 <b>bold</b>\n\t\t  indented\n"
+    ) * 16  # about 3.6 KB
     t0 = time.perf_counter()
     ids = tok.encode(text, special=True)
     encoded = time.perf_counter() - t0
@@ -304,6 +308,21 @@ def test_stream_clean_spaces_and_invalid_bytes() -> None:
         assert "".join([*(stream.feed(i) for i in tok.encode("x ?")), stream.flush()]) == "x?"
 
 
+def test_continuation_is_plain_pieces() -> None:
+    """Generated tokens continue the prompt: llama.cpp prints their pieces as they are."""
+    spm, gpt2 = _vocab("ggml-vocab-llama-spm"), _vocab("ggml-vocab-gpt-2")
+    paris = spm.encode("Paris", add_bos=False)  # "▁Paris"
+    assert spm.decode(paris) == b"Paris"  # llama_detokenize strips the prefix space ...
+    assert spm.decode(paris, continuation=True) == b" Paris"  # ... a continuation keeps it
+    really = gpt2.encode("Really ?")
+    assert gpt2.decode(really) == b"Really?"
+    assert gpt2.decode(really, continuation=True) == b"Really ?"
+    for tok, ids in ((spm, paris), (gpt2, really)):
+        want = b"".join(tok.token_to_piece(i) for i in ids).decode()
+        assert tok.decode_text(ids, continuation=True) == want
+        assert "".join(_stream_all(tok, ids, continuation=True)) == want
+
+
 def test_stream_on_model(gemma: Tokenizer) -> None:
     text = "Ünïcödé 😀🎉 日本語 <b>bold</b>\n\n  spaces\tand tabs 🦙"
     ids = gemma.encode(text)
@@ -364,6 +383,16 @@ def test_spm_keys_override_defaults() -> None:
     ids = tok.encode("hello")
     assert ids[-1] == 0 and tok.token_text(ids[0]) == "hello"
     assert tok.decode(ids, remove_special=True) == b"hello"
+
+
+def test_rstrip_for_phi3_names() -> None:
+    """llama.cpp strips the whitespace after special tokens of models named Phi-3 (checked against it)."""
+    plain = Tokenizer(_spm_metadata())
+    phi3 = Tokenizer(_spm_metadata(**{"general.name": "Phi-3 mini"}))
+    ctl, hello = plain.token_id("<ctl>"), plain.token_id("▁hello")
+    assert phi3.encode("<ctl>  \n hello", add_bos=False, special=True) == [ctl, hello]
+    assert plain.encode("<ctl>  \n hello", add_bos=False, special=True)[:2] != [ctl, hello]
+    assert phi3.token_attr(ctl) & TokenAttr.RSTRIP and not phi3.token_attr(1) & TokenAttr.RSTRIP  # <s>
 
 
 def _bpe_metadata(**extra: object) -> dict[str, object]:
@@ -472,5 +501,7 @@ def test_pre_tokenizer_splits() -> None:
         "Hello", " world", " ", "123", "45", " ", " it", "'s", "\n\n", " x"]
     smollm = PRE_TOKENIZERS["smollm"]
     assert smollm.split("ab 12 ?!") == ["ab", " ", "1", "2", " ?!"]
+    # a regex that matches only empty strings splits at its matches (digits in threes from the right)
+    assert PRE_TOKENIZERS["superbpe"].split("x 1234567") == ["x ", "1", "234", "567"]
     qwen2 = PRE_TOKENIZERS["qwen2"]
     assert qwen2.split("x 123 'LL") == ["x", " ", "1", "2", "3", " '", "LL"]
