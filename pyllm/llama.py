@@ -168,7 +168,7 @@ class Llama:
         Text is held back while it could still become a stop string, and never split inside a character.
         """
         limit = self.n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
-        decoder = StreamDecoder(self.tokenizer)
+        decoder = StreamDecoder(self.tokenizer, continuation=True)  # the text as generated, no clean-up
         pending = ""
         n_generated = 0
         for step in self.generate(prompt_tokens, params, limit, n_logprobs):
