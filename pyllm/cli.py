@@ -209,6 +209,46 @@ def tokenize(model: str, text: str, no_bos: bool, special: bool, as_json: bool) 
 
 
 @main.command()
+@click.argument("model")
+@click.option("-f", "--file", "text_file", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), help="The text to score (UTF-8).")
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=8), default=512, show_default=True,
+              help="Tokens per chunk; the second half of each chunk is scored.")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+              help="Threads (default: all physical cores).")
+@click.option("--json", "as_json", is_flag=True, help='Print only {"ppl", "n_chunks", "n_ctx"} as JSON.')
+def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_json: bool) -> None:
+    """MODEL's perplexity on a text file, as llama.cpp's llama-perplexity computes it.
+
+    The text is cut into chunks of --ctx-size tokens, each evaluated from an empty context (starting
+    with BOS when the model uses one); the running estimate is printed to stderr after each chunk.
+    """
+    from .perplexity import PerplexityError
+    from .perplexity import perplexity as run_perplexity
+
+    try:
+        text = text_file.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {text_file}: {exc}") from exc
+    if text.endswith("\n"):  # as llama.cpp's -f does
+        text = text[:-1]
+    llm = _load(model, n_ctx, threads, None)
+
+    def progress(i: int, n_chunks: int, running: float) -> None:
+        if not as_json:
+            click.echo(f"[{i}]{running:.4f},", nl=i == n_chunks, err=True)
+
+    try:
+        result = run_perplexity(llm, text, n_ctx, progress=progress)
+    except PerplexityError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+        return
+    click.echo(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_err:.5f}")
+
+
+@main.command()
 @click.argument("name", type=click.Choice(sorted(catalogue.CATALOGUE)))
 def pull(name: str) -> None:
     """Fetch a catalogue model into the local store (sha256-checked)."""

@@ -23,7 +23,8 @@ import numpy as np
 from . import catalogue
 from .chat_template import render_chat
 from .gguf import GGUFFile
-from .model import ContextFullError, KVCache, Model
+from .kvcache import KVCache
+from .model import ContextFullError, Model
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -113,11 +114,22 @@ class Llama:
                 break
             shared += 1
         shared = min(shared, len(tokens) - 1)  # recompute at least the last token for its logits
-        self._cache.truncate(shared)
+        shared = self._cache.truncate(shared)
         self._cached_tokens = self._cached_tokens[:shared]
         logits = model.forward(tokens[shared:], self._cache)
         self._cached_tokens = list(tokens)
         return logits
+
+    def _context_shift(self, prompt: list[int]) -> None:
+        """The context is full: keep the BOS (if any), drop the older half of the rest, go on."""
+        assert self._cache is not None
+        n_keep = 1 if prompt and prompt[0] == self.tokenizer.bos_id else 0
+        n_discard = (self._cache.n_used - n_keep) // 2
+        self._cache.shift(n_keep, n_discard)
+        if self.verbose:
+            print(f"pyllm: context full, dropped {n_discard} tokens after the first {n_keep}")
+        # the shifted cache is not what a fresh prompt would compute: no prefix reuse from it
+        self._cached_tokens = [-1] * self._cache.n_used
 
     def _decode_one(self, token: int) -> np.ndarray:
         assert self._cache is not None and self.model is not None
@@ -145,8 +157,8 @@ class Llama:
                 return
             yield _Step(token, self.tokenizer.token_to_piece(token), logprob, top)
             history.append(token)
-            if len(self._cached_tokens) >= self.n_ctx:
-                return
+            if self._cache is not None and self._cache.n_used >= self.n_ctx:
+                self._context_shift(tokens)
             logits = self._decode_one(token)
 
     # ---- completions ------------------------------------------------------------

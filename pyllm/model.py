@@ -13,13 +13,14 @@ prompt was split into batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import kernels
 from .arch import ArchitectureError, Config
 from .gguf import GGUFFile
+from .kvcache import KVCache
 
 
 @dataclass(frozen=True)
@@ -97,38 +98,6 @@ class Weights:
         return self.vector(name) if name in self._f.tensors else None
 
 
-@dataclass
-class KVCache:
-    """One sequence's cache: per layer keys and values (n_ctx, n_head_kv, head_dim), float16.
-
-    positions[slot] is the position of the token in that slot, -1 for an empty slot.
-    """
-    n_ctx: int
-    k: list[np.ndarray]
-    v: list[np.ndarray]
-    positions: np.ndarray = field(init=False)
-    n_used: int = 0
-
-    def __post_init__(self) -> None:
-        self.positions = np.full(self.n_ctx, -1, dtype=np.int32)
-
-    @classmethod
-    def for_model(cls, cfg: Config, n_ctx: int) -> KVCache:
-        shape_k = (n_ctx, cfg.n_head_kv, cfg.head_dim)
-        shape_v = (n_ctx, cfg.n_head_kv, cfg.head_dim_v)
-        return cls(n_ctx, [np.zeros(shape_k, np.float16) for _ in range(cfg.n_layer)],
-                   [np.zeros(shape_v, np.float16) for _ in range(cfg.n_layer)])
-
-    def clear(self) -> None:
-        self.positions[:] = -1
-        self.n_used = 0
-
-    def truncate(self, n_tokens: int) -> None:
-        """Keep the first n_tokens slots (a shared prompt prefix), drop the rest."""
-        self.positions[n_tokens:] = -1
-        self.n_used = min(self.n_used, n_tokens)
-
-
 class ContextFullError(ValueError):
     """More tokens than the context holds."""
 
@@ -141,8 +110,9 @@ class Model:
         self.n_threads = n_threads
         self.n_vocab = self.weights.output.shape[1]
 
-    def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache.for_model(self.config, n_ctx)
+    def new_cache(self, n_ctx: int, max_batch: int = 512) -> KVCache:
+        """A cache for one sequence of up to n_ctx tokens; forward() runs at most max_batch rows at once."""
+        return KVCache(self.config, n_ctx, max_batch)
 
     def _matmul(self, w: Tensor, x: np.ndarray) -> np.ndarray:
         return kernels.matmul(w.data, w.type, x, n_threads=self.n_threads)
@@ -158,32 +128,43 @@ class Model:
         """Run tokens (continuing the cache) and return logits.
 
         logits: "last" -> (n_vocab,) for the last token; "all" -> (len(tokens), n_vocab).
+        Longer inputs run in batches of cache.max_batch rows; results do not depend on it.
         """
-        cfg = self.config
         tokens = np.asarray(tokens, dtype=np.int64)
         m = len(tokens)
         if m == 0:
             raise ValueError("no tokens to evaluate")
-        if np.any(tokens < 0) or np.any(tokens >= self.weights.token_embd.shape[1]):
-            raise ValueError(f"token id out of range [0, {self.weights.token_embd.shape[1]})")
+        n_vocab_in = self.weights.token_embd.shape[1]
+        if np.any(tokens < 0) or np.any(tokens >= n_vocab_in):
+            raise ValueError(f"token id out of range [0, {n_vocab_in})")
         if cache.n_used + m > cache.n_ctx:
             raise ContextFullError(f"{cache.n_used} + {m} tokens exceed the context of {cache.n_ctx}")
-        start = cache.n_used
-        slots = slice(start, start + m)
-        positions = np.arange(start, start + m, dtype=np.int32)
-        cache.positions[slots] = positions
-        cache.n_used += m
+        outs = []
+        for start in range(0, m, cache.max_batch):
+            batch = tokens[start:start + cache.max_batch]
+            want_all = logits == "all"
+            if want_all or start + len(batch) == m:
+                outs.append(self._forward_batch(batch, cache, all_rows=want_all))
+            else:
+                self._forward_batch(batch, cache, all_rows=None)
+        return np.concatenate(outs) if logits == "all" else outs[-1]
 
+    def _forward_batch(self, tokens: np.ndarray, cache: KVCache, all_rows: bool | None) -> np.ndarray | None:
+        """One batch of rows; logits of every row, the last row, or none (all_rows None)."""
+        cfg = self.config
+        positions = np.arange(cache.n_used, cache.n_used + len(tokens), dtype=np.int32)
         x = self.embed(tokens)
         for i, layer in enumerate(self.weights.layers):
-            x = self._block(i, layer, x, positions, cache, slots)
-        rows = x if logits == "all" else x[-1:]
+            x = self._block(i, layer, x, positions, cache)
+        cache.n_used += len(tokens)
+        if all_rows is None:
+            return None
+        rows = x if all_rows else x[-1:]
         h = kernels.rms_norm(rows, self.weights.output_norm, cfg.norm_eps)
         out = self._matmul(self.weights.output, h)
-        return out if logits == "all" else out[0]
+        return out if all_rows else out[0]
 
-    def _block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache: KVCache,
-               slots: slice) -> np.ndarray:
+    def _block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
         cfg, fam = self.config, self.config.family
         m = x.shape[0]
         h = kernels.rms_norm(x, layer.attn_norm, cfg.norm_eps)
@@ -203,12 +184,11 @@ class Model:
         base, scale = cfg.layer_rope(i)
         kernels.rope(q, positions, cfg.n_rot, base, scale, fam.rope_neox)
         kernels.rope(k, positions, cfg.n_rot, base, scale, fam.rope_neox)
-        cache.k[i][slots] = k  # rounded to half precision, as llama.cpp's cache stores them
-        cache.v[i][slots] = v
-        n = cache.n_used
+        cache.store(i, positions, k, v)
+        k_all, v_all, k_pos = cache.visible(i, int(positions[-1]) + 1)
         window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
-        attn = kernels.attention(q, cache.k[i][:n], cache.v[i][:n], positions, cache.positions[:n],
-                                 cfg.attn_scale, window, n_threads=self.n_threads)
+        attn = kernels.attention(q, k_all, v_all, positions, k_pos, cfg.attn_scale, window,
+                                 n_threads=self.n_threads)
         o = self._matmul(layer.wo, attn.reshape(m, -1))
         if layer.post_attn_norm is not None:
             o = kernels.rms_norm(o, layer.post_attn_norm, cfg.norm_eps)

@@ -101,3 +101,12 @@ def test_cli_commands(smollm2_path) -> None:
     assert result.exit_code != 0 and "not a catalogue name" in result.output
     result = runner.invoke(main, ["run", str(smollm2_path), "x", "--bogus"])
     assert result.exit_code == 2 and "No such option" in result.output
+
+
+def test_generation_continues_past_the_context_by_shifting(smollm2_path) -> None:
+    small = Llama(str(smollm2_path), n_ctx=64, n_threads=2)
+    no_end = {t: float("-inf") for t in small.tokenizer.eog_ids}  # so it cannot stop early
+    out = small.create_completion("Once upon a time", max_tokens=3 * 64, temperature=0.8, seed=3, logit_bias=no_end)
+    assert out["usage"]["completion_tokens"] == 3 * 64
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert small._cache is not None and small._cache.n_used <= 64

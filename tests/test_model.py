@@ -223,3 +223,55 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
     w.close()
     with GGUFFile(tmp_path / "x.gguf") as f, pytest.raises(ArchitectureError, match="'mamba' is not supported"):
         Model(f)
+
+
+def test_sliding_window_ring_keeps_only_the_window(tmp_path: Path) -> None:
+    """gemma3's sliding layers in a ring of window + max_batch slots: the same logits (close) as a
+    cache holding everything, and the same bits however the prompt is split."""
+    path = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", Q.Q8_0)
+    tokens = TOKENS * 3  # 30 tokens, far past the window of 4
+    with GGUFFile(path) as f:
+        model = Model(f, n_threads=2)
+        full = model.forward(tokens, model.new_cache(32, max_batch=64), logits="all")
+        ring_cache = model.new_cache(32, max_batch=3)
+        assert ring_cache.layers[0].ring and ring_cache.layers[0].capacity == WINDOW + 3
+        assert not ring_cache.layers[5].ring  # the global layer keeps everything
+        ring = model.forward(tokens, ring_cache, logits="all")
+        cache = model.new_cache(32, max_batch=3)
+        pieces = [model.forward(tokens[a:b], cache, logits="all") for a, b in ((0, 2), (2, 13), (13, 14), (14, 30))]
+    np.testing.assert_allclose(ring, full, rtol=0, atol=1e-4 * np.abs(full).max())
+    np.testing.assert_array_equal(np.concatenate(pieces).view(np.uint32), ring.view(np.uint32))
+
+
+def test_truncating_past_an_overwritten_window_recomputes(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", Q.Q8_0)
+    with GGUFFile(path) as f:
+        model = Model(f)
+        cache = model.new_cache(32, max_batch=2)
+        model.forward(TOKENS * 2, cache)
+        assert cache.truncate(19) == 19  # its window is still in the ring
+        assert cache.truncate(5) == 0    # slots of positions 2..4 were overwritten: start over
+        assert cache.n_used == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_context_shift_drops_old_tokens_and_rerotates_keys(tmp_path: Path, arch: str) -> None:
+    """After shift(n_keep, n_discard), the cache equals one built from the kept tokens alone
+    (positions renumbered), up to the float rounding of the re-rotation."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, Q.F32)
+    tokens = TOKENS * 3
+    with GGUFFile(path) as f:
+        model = Model(f)
+        cache = model.new_cache(20, max_batch=20)
+        model.forward(tokens[:20], cache)
+        cache.shift(n_keep=1, n_discard=9)
+        assert cache.n_used == 11
+        for layer in cache.layers:
+            assert sorted(layer.positions[layer.positions >= 0]) == list(range(11))
+        shifted = model.forward(tokens[20:24], cache, logits="all")
+        # what the shifted cache holds for layer 0: keys of the kept tokens at their new positions
+        fresh = model.new_cache(20, max_batch=20)
+        model.forward([tokens[0]] + tokens[10:20], fresh)
+        np.testing.assert_allclose(cache.layers[0].k[:11].astype(np.float32),
+                                   fresh.layers[0].k[:11].astype(np.float32), rtol=0, atol=2e-2)
+    assert shifted.shape == (4, N_VOCAB) and np.all(np.isfinite(shifted))

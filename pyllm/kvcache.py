@@ -1,0 +1,124 @@
+"""One sequence's KV cache: half-precision keys and values per layer.
+
+Full-attention layers keep every cached token in order: slot i holds the i-th
+token. Sliding-window layers keep a ring of `window + max_batch` slots, the
+token at position p in slot p % capacity: enough for the first query of a batch
+to see its whole window while the batch's own keys are written.
+
+Slots are a function of positions only, and attention reduces over slots in
+index order, so a token's result never depends on how its sequence was split
+into batches.
+
+When the context is full, `shift()` drops the oldest tokens after the first
+`n_keep` and re-rotates the remaining keys to their new positions (context
+shift), so generation can go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .arch import Config
+
+
+@dataclass
+class LayerCache:
+    k: np.ndarray           # (capacity, n_head_kv, head_dim) float16
+    v: np.ndarray           # (capacity, n_head_kv, head_dim_v) float16
+    positions: np.ndarray   # (capacity,) int32, -1 for an empty slot
+    ring: bool              # slot = position % capacity (sliding-window layer)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.positions)
+
+
+class KVCache:
+    def __init__(self, cfg: Config, n_ctx: int, max_batch: int) -> None:
+        self.config = cfg
+        self.n_ctx = n_ctx
+        self.max_batch = max_batch
+        self.n_used = 0  # tokens in the sequence; the next token's position
+        self.layers: list[LayerCache] = []
+        for i in range(cfg.n_layer):
+            ring = cfg.is_swa_layer(i) and cfg.sliding_window + max_batch < n_ctx
+            capacity = cfg.sliding_window + max_batch if ring else n_ctx
+            self.layers.append(LayerCache(
+                k=np.zeros((capacity, cfg.n_head_kv, cfg.head_dim), np.float16),
+                v=np.zeros((capacity, cfg.n_head_kv, cfg.head_dim_v), np.float16),
+                positions=np.full(capacity, -1, np.int32),
+                ring=ring,
+            ))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
+
+    def slots(self, layer: LayerCache, positions: np.ndarray) -> np.ndarray:
+        return positions % layer.capacity if layer.ring else positions
+
+    def store(self, i: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> LayerCache:
+        """Write a batch's keys and values (rounded to half precision, as llama.cpp's cache keeps them)."""
+        layer = self.layers[i]
+        slots = self.slots(layer, positions)
+        layer.k[slots] = k
+        layer.v[slots] = v
+        layer.positions[slots] = positions
+        return layer
+
+    def clear(self) -> None:
+        for layer in self.layers:
+            layer.positions[:] = -1
+        self.n_used = 0
+
+    def truncate(self, n_tokens: int) -> int:
+        """Keep the first n_tokens (a shared prompt prefix); return how many are kept.
+
+        A ring may already have overwritten part of the window the next token needs; then the
+        prefix cannot be reused and the cache is cleared (0 is returned).
+        """
+        n_tokens = min(n_tokens, self.n_used)
+        for layer in self.layers:
+            if layer.ring and n_tokens > 0:
+                needed = np.arange(max(0, n_tokens - self.config.sliding_window), n_tokens)
+                if not np.array_equal(layer.positions[needed % layer.capacity], needed):
+                    self.clear()
+                    return 0
+        for layer in self.layers:
+            layer.positions[layer.positions >= n_tokens] = -1
+        self.n_used = n_tokens
+        return n_tokens
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        """Drop tokens [n_keep, n_keep + n_discard), move the rest down and re-rotate their keys."""
+        if not 0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.n_used:
+            raise ValueError(f"cannot discard {n_discard} tokens after {n_keep} of {self.n_used}")
+        cfg = self.config
+        for i, layer in enumerate(self.layers):
+            keep = (layer.positions >= 0) & ((layer.positions < n_keep) | (layer.positions >= n_keep + n_discard))
+            old_pos = layer.positions[keep]
+            moved = old_pos >= n_keep
+            new_pos = np.where(moved, old_pos - n_discard, old_pos).astype(np.int32)
+            k = layer.k[keep].astype(np.float32)
+            v = layer.v[keep].copy()
+            base, scale = cfg.layer_rope(i)
+            if moved.any():
+                rotated = np.ascontiguousarray(k[moved])
+                kernels.rope(rotated, np.full(len(rotated), -n_discard, np.int32), cfg.n_rot, base, scale,
+                             cfg.family.rope_neox)
+                k[moved] = rotated
+            layer.positions[:] = -1
+            slots = self.slots(layer, new_pos)
+            layer.k[slots] = k
+            layer.v[slots] = v
+            layer.positions[slots] = new_pos
+        self.n_used -= n_discard
+
+    def visible(self, i: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(k, v, positions) of the slots attention reads for layer i, for tokens before position `end`."""
+        layer = self.layers[i]
+        n = layer.capacity if layer.ring else end
+        return layer.k[:n], layer.v[:n], layer.positions[:n]
