@@ -13,6 +13,7 @@ prompt was split into batches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +99,16 @@ class Weights:
         return self.vector(name) if name in self._f.tensors else None
 
 
+@dataclass
+class _Segment:
+    """One sequence's rows inside a batch."""
+    rows: slice
+    tokens: np.ndarray
+    positions: np.ndarray   # (len(tokens),) int32
+    cache: KVCache
+    mode: str               # which logits: "all" | "last" | "none"
+
+
 class ContextFullError(ValueError):
     """More tokens than the context holds."""
 
@@ -125,46 +136,77 @@ class Model:
         return x
 
     def forward(self, tokens: list[int] | np.ndarray, cache: KVCache, logits: str = "last") -> np.ndarray:
-        """Run tokens (continuing the cache) and return logits.
+        """Run one sequence's tokens (continuing its cache) and return logits.
 
         logits: "last" -> (n_vocab,) for the last token; "all" -> (len(tokens), n_vocab).
         Longer inputs run in batches of cache.max_batch rows; results do not depend on it.
         """
         tokens = np.asarray(tokens, dtype=np.int64)
-        m = len(tokens)
-        if m == 0:
+        if len(tokens) == 0:
             raise ValueError("no tokens to evaluate")
-        n_vocab_in = self.weights.token_embd.shape[1]
-        if np.any(tokens < 0) or np.any(tokens >= n_vocab_in):
-            raise ValueError(f"token id out of range [0, {n_vocab_in})")
-        if cache.n_used + m > cache.n_ctx:
-            raise ContextFullError(f"{cache.n_used} + {m} tokens exceed the context of {cache.n_ctx}")
+        if cache.n_used + len(tokens) > cache.n_ctx:
+            raise ContextFullError(f"{cache.n_used} + {len(tokens)} tokens exceed the context of {cache.n_ctx}")
         outs = []
-        for start in range(0, m, cache.max_batch):
-            batch = tokens[start:start + cache.max_batch]
-            want_all = logits == "all"
-            if want_all or start + len(batch) == m:
-                outs.append(self._forward_batch(batch, cache, all_rows=want_all))
-            else:
-                self._forward_batch(batch, cache, all_rows=None)
+        for start in range(0, len(tokens), cache.max_batch):
+            chunk = tokens[start:start + cache.max_batch]
+            is_last = start + len(chunk) == len(tokens)
+            mode = logits if logits == "all" or is_last else "none"
+            outs.append(self.forward_batch([(chunk, cache, mode)])[0])
         return np.concatenate(outs) if logits == "all" else outs[-1]
 
-    def _forward_batch(self, tokens: np.ndarray, cache: KVCache, all_rows: bool | None) -> np.ndarray | None:
-        """One batch of rows; logits of every row, the last row, or none (all_rows None)."""
-        cfg = self.config
-        positions = np.arange(cache.n_used, cache.n_used + len(tokens), dtype=np.int32)
-        x = self.embed(tokens)
-        for i, layer in enumerate(self.weights.layers):
-            x = self._block(i, layer, x, positions, cache)
-        cache.n_used += len(tokens)
-        if all_rows is None:
-            return None
-        rows = x if all_rows else x[-1:]
-        h = kernels.rms_norm(rows, self.weights.output_norm, cfg.norm_eps)
-        out = self._matmul(self.weights.output, h)
-        return out if all_rows else out[0]
+    def forward_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache, str]]) -> list[np.ndarray | None]:
+        """One forward pass over the rows of several sequences, each continuing its own cache.
 
-    def _block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        seqs: (tokens, cache, logits) per sequence, logits "all" | "last" | "none", at most
+        cache.max_batch tokens each. Matmuls run once over all rows; attention per sequence.
+        Each sequence's logits are bit-identical to running it alone.
+        """
+        n_vocab_in = self.weights.token_embd.shape[1]
+        segments = []
+        row = 0
+        for tokens, cache, mode in seqs:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            if len(tokens) == 0:
+                raise ValueError("no tokens to evaluate")
+            if np.any(tokens < 0) or np.any(tokens >= n_vocab_in):
+                raise ValueError(f"token id out of range [0, {n_vocab_in})")
+            if len(tokens) > cache.max_batch:
+                raise ValueError(f"{len(tokens)} rows exceed the cache's batch limit of {cache.max_batch}")
+            if cache.n_used + len(tokens) > cache.n_ctx:
+                raise ContextFullError(f"{cache.n_used} + {len(tokens)} tokens exceed the context of {cache.n_ctx}")
+            if mode not in ("all", "last", "none"):
+                raise ValueError(f"logits must be 'all', 'last' or 'none', not {mode!r}")
+            positions = np.arange(cache.n_used, cache.n_used + len(tokens), dtype=np.int32)
+            segments.append(_Segment(slice(row, row + len(tokens)), tokens, positions, cache, mode))
+            row += len(tokens)
+        if len({id(seg.cache) for seg in segments}) != len(segments):
+            raise ValueError("a batch holds each sequence (cache) at most once")
+
+        x = self.embed(np.concatenate([seg.tokens for seg in segments]))
+        positions = np.concatenate([seg.positions for seg in segments])
+        for i, layer in enumerate(self.weights.layers):
+            x = self._block(i, layer, x, positions, segments)
+        for seg in segments:
+            seg.cache.n_used += len(seg.tokens)
+
+        wanted = [np.arange(seg.rows.start, seg.rows.stop) if seg.mode == "all" else
+                  np.array([seg.rows.stop - 1]) if seg.mode == "last" else np.array([], np.int64)
+                  for seg in segments]
+        picked = np.concatenate(wanted).astype(np.int64)
+        results: list[np.ndarray | None] = [None] * len(segments)
+        if len(picked):
+            h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
+            out = self._matmul(self.weights.output, h)
+            start = 0
+            for j, (seg, rows) in enumerate(zip(segments, wanted, strict=True)):
+                if seg.mode != "none":
+                    part = out[start:start + len(rows)]
+                    results[j] = part if seg.mode == "all" else part[0]
+                    start += len(rows)
+        return results
+
+    def _block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray,
+               segments: list[_Segment]) -> np.ndarray:
         cfg, fam = self.config, self.config.family
         m = x.shape[0]
         h = kernels.rms_norm(x, layer.attn_norm, cfg.norm_eps)
@@ -184,11 +226,14 @@ class Model:
         base, scale = cfg.layer_rope(i)
         kernels.rope(q, positions, cfg.n_rot, base, scale, fam.rope_neox)
         kernels.rope(k, positions, cfg.n_rot, base, scale, fam.rope_neox)
-        cache.store(i, positions, k, v)
-        k_all, v_all, k_pos = cache.visible(i, int(positions[-1]) + 1)
         window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
-        attn = kernels.attention(q, k_all, v_all, positions, k_pos, cfg.attn_scale, window,
-                                 n_threads=self.n_threads)
+        attn = np.empty((m, cfg.n_head, cfg.head_dim_v), np.float32)
+        for seg in segments:
+            rows = seg.rows
+            seg.cache.store(i, seg.positions, k[rows], v[rows])
+            k_all, v_all, k_pos = seg.cache.visible(i, int(seg.positions[-1]) + 1)
+            attn[rows] = kernels.attention(np.ascontiguousarray(q[rows]), k_all, v_all, seg.positions, k_pos,
+                                           cfg.attn_scale, window, n_threads=self.n_threads)
         o = self._matmul(layer.wo, attn.reshape(m, -1))
         if layer.post_attn_norm is not None:
             o = kernels.rms_norm(o, layer.post_attn_norm, cfg.norm_eps)

@@ -275,3 +275,27 @@ def test_context_shift_drops_old_tokens_and_rerotates_keys(tmp_path: Path, arch:
         np.testing.assert_allclose(cache.layers[0].k[:11].astype(np.float32),
                                    fresh.layers[0].k[:11].astype(np.float32), rtol=0, atol=2e-2)
     assert shifted.shape == (4, N_VOCAB) and np.all(np.isfinite(shifted))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_a_batch_of_several_sequences_gives_each_its_own_bits(tmp_path: Path, arch: str) -> None:
+    """Rows of three sequences in one forward (a prefill chunk beside two decode steps), each with
+    its own cache: every sequence's logits are bit-identical to running it alone."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, Q.Q4_0, seed=2)
+    prompts = [TOKENS[:7], TOKENS[3:], TOKENS[::-1]]
+    with GGUFFile(path) as f:
+        model = Model(f, n_threads=2)
+        alone = [model.forward(p + [5], model.new_cache(32), logits="all") for p in prompts]
+        caches = [model.new_cache(32) for _ in prompts]
+        model.forward(prompts[0], caches[0])
+        model.forward(prompts[1], caches[1])
+        out = model.forward_batch([
+            ([5], caches[0], "last"),                    # a decode step
+            (prompts[2] + [5], caches[2], "all"),        # a whole prefill
+            ([5], caches[1], "last"),                    # another decode step
+        ])
+        with pytest.raises(ValueError, match="at most once"):
+            model.forward_batch([([1], caches[0], "last"), ([2], caches[0], "last")])
+    np.testing.assert_array_equal(out[0].view(np.uint32), alone[0][-1].view(np.uint32))
+    np.testing.assert_array_equal(out[1].view(np.uint32), alone[2].view(np.uint32))
+    np.testing.assert_array_equal(out[2].view(np.uint32), alone[1][-1].view(np.uint32))
