@@ -80,7 +80,8 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     job.act = malloc((size_t)(m * job.act_row_bytes));
     if (job.act == NULL) return PYLLM_ERR_NOMEM;
 
-    const int quantize_threads = m < n_threads ? (int)m : n_threads;
+    /* a few rows (decode) are quicker to quantize here than to hand out */
+    const int quantize_threads = m < 8 ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
     free(job.act);

@@ -1,24 +1,39 @@
 /*
- * threadpool.c - a condition-variable thread pool: the caller publishes a
- * task under a new generation number, workers with an index below nth run
- * it, the last to finish wakes the caller.
+ * threadpool.c - a thread pool that spins briefly, then sleeps.
+ *
+ * The caller publishes a task under a new generation number; workers watch
+ * the generation, spinning for a short while after each task (decode runs
+ * hundreds of small matmuls per token, so the next task is usually close)
+ * and falling back to a condition variable. Workers with an index below nth
+ * run the task; the last to finish wakes the caller if it went to sleep.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "pyllm.h"
 #include "threadpool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* About 50-100 microseconds of pause instructions. */
+#define SPIN_LIMIT 2000
+
 static struct {
     pthread_mutex_t run_lock;     /* one task at a time */
-    pthread_mutex_t lock;         /* guards the fields below */
+    pthread_mutex_t lock;         /* guards sleeping and waking */
     pthread_cond_t start;
     pthread_cond_t done;
-    int n_workers;                /* started workers, indices 1..n_workers */
-    unsigned long generation;
-    int nth;
-    int pending;
-    pool_task_fn fn;
+    int n_workers;                /* started workers, indices 1..n_workers (under lock) */
+    _Atomic unsigned long generation;
+    atomic_int pending;           /* workers of the current task still running */
+    pool_task_fn fn;              /* the task: written before generation is bumped */
     void *ctx;
+    int nth;
     unsigned long born_at[PYLLM_MAX_THREADS];  /* generation when worker i started */
 } pool = {
     .run_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -27,22 +42,38 @@ static struct {
     .done = PTHREAD_COND_INITIALIZER,
 };
 
+/* Wait until the generation differs from seen; return the new one. */
+static unsigned long wait_for_task(unsigned long seen) {
+    for (int spin = 0; spin < SPIN_LIMIT; ++spin) {
+        const unsigned long now = atomic_load_explicit(&pool.generation, memory_order_acquire);
+        if (now != seen) return now;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&pool.lock);
+    unsigned long now;
+    while ((now = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen) {
+        pthread_cond_wait(&pool.start, &pool.lock);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    return now;
+}
+
 static void *worker_main(void *arg) {
     const int ith = (int)(intptr_t)arg;
     pthread_mutex_lock(&pool.lock);
-    /* Not pool.generation: a task published before this thread first ran is still its to run. */
+    /* Not the current generation: a task published before this thread first ran is still its to run. */
     unsigned long seen = pool.born_at[ith];
+    pthread_mutex_unlock(&pool.lock);
     for (;;) {
-        while (pool.generation == seen) pthread_cond_wait(&pool.start, &pool.lock);
-        seen = pool.generation;
-        if (ith >= pool.nth) continue;
-        pool_task_fn fn = pool.fn;
-        void *ctx = pool.ctx;
+        seen = wait_for_task(seen);
         const int nth = pool.nth;
-        pthread_mutex_unlock(&pool.lock);
-        fn(ctx, ith, nth);
-        pthread_mutex_lock(&pool.lock);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+        if (ith >= nth) continue;
+        pool.fn(pool.ctx, ith, nth);
+        if (atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
     }
     return NULL;
 }
@@ -55,7 +86,7 @@ static int grow(int want) {
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         const int ith = pool.n_workers + 1;
-        pool.born_at[ith] = pool.generation;
+        pool.born_at[ith] = atomic_load(&pool.generation);
         const int err = pthread_create(&thread, &attr, worker_main, (void *)(intptr_t)ith);
         pthread_attr_destroy(&attr);
         if (err != 0) return PYLLM_ERR_THREADS;
@@ -80,16 +111,23 @@ int pyllm_pool_run(int nth, pool_task_fn fn, void *ctx) {
     pool.fn = fn;
     pool.ctx = ctx;
     pool.nth = nth;
-    pool.pending = nth - 1;
-    pool.generation++;
+    atomic_store_explicit(&pool.pending, nth - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
     pthread_cond_broadcast(&pool.start);
     pthread_mutex_unlock(&pool.lock);
 
     fn(ctx, 0, nth);
 
-    pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
+    for (int spin = 0; spin < SPIN_LIMIT && atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spin) {
+        cpu_relax();
+    }
+    if (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&pool.lock);
+        while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) {
+            pthread_cond_wait(&pool.done, &pool.lock);
+        }
+        pthread_mutex_unlock(&pool.lock);
+    }
     pthread_mutex_unlock(&pool.run_lock);
     return PYLLM_OK;
 }

@@ -164,7 +164,7 @@ def chat(model: str, system: str | None, stats: bool, temperature: float | None,
         start = time.perf_counter()
         try:
             for chunk in llm.create_chat_completion(
-                    messages, stream=True, max_tokens=max_tokens, temperature=0.2 if temperature is None
+                    messages, stream=True, max_tokens=max_tokens, temperature=0.8 if temperature is None
                     else temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty):
                 piece = chunk["choices"][0]["delta"].get("content", "")
                 if piece:
