@@ -248,6 +248,75 @@ def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_
     click.echo(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_err:.5f}")
 
 
+def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        values = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if any(v < 0 for v in values):
+        raise click.BadParameter("values must be >= 0")
+    return values
+
+
+@main.command()
+@click.argument("model")
+@click.option("-p", "--n-prompt", default="512", show_default=True, callback=_int_list,
+              help="Prompt lengths for the pp tests (comma-separated; 0 skips).")
+@click.option("-n", "--n-gen", default="128", show_default=True, callback=_int_list,
+              help="Token counts for the tg tests (comma-separated; 0 skips).")
+@click.option("-t", "--threads", default=None, callback=lambda c, p, v: None if v is None else _int_list(c, p, v),
+              help="Thread counts (comma-separated; default: all physical cores).")
+@click.option("-r", "--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print llama-bench-style JSON records.")
+def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] | None, repetitions: int,
+          as_json: bool) -> None:
+    """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does.
+
+    Also reports time to first token and time per output token for a real chat prompt,
+    and the process's peak RSS.
+    """
+    import time
+
+    from . import bench as benchmarks
+    from .kernels import physical_cores
+
+    thread_counts = threads or [physical_cores()]
+    path = str(catalogue.resolve(model))
+    records, latency = [], []
+    for n_threads in thread_counts:
+        llm = _load(path, max([*n_prompt, *n_gen, 64]) + 64, n_threads, None)
+        assert llm.model is not None
+        for p in (p for p in n_prompt if p > 0):
+            records.append(benchmarks.bench_prompt(llm.model, path, p, n_threads, repetitions))
+        for n in (n for n in n_gen if n > 0):
+            records.append(benchmarks.bench_generation(llm.model, path, n, n_threads, repetitions))
+        start, stamps = time.perf_counter(), []
+        messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+        try:
+            prompt = llm.apply_chat_template(messages)
+        except ValueError:
+            prompt = "Write a short poem about the sea."
+        for _ in llm.create_completion(prompt, max_tokens=32, temperature=0, stream=True):
+            stamps.append(time.perf_counter())
+        if stamps:
+            ttft = stamps[0] - start
+            tpot = (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1)
+            latency.append({"n_threads": n_threads, "ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot})
+        llm.close()
+    rss = benchmarks.peak_rss_bytes()
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in records], indent=2))
+        return
+    click.echo("| model | threads | test | t/s |\n|---|---|---|---|")
+    for r in records:
+        test = f"pp{r.n_prompt}" if r.n_prompt else f"tg{r.n_gen}"
+        click.echo(f"| {Path(path).name} | {r.n_threads} | {test} | {r.avg_ts:.2f} ± {r.stddev_ts:.2f} |")
+    for lat in latency:
+        click.echo(f"threads {lat['n_threads']}: TTFT {lat['ttft_ms']:.0f} ms, TPOT {lat['tpot_ms']:.1f} ms "
+                   f"(chat prompt, 32 greedy tokens)")
+    click.echo(f"peak RSS {rss / 2**20:.0f} MiB")
+
+
 @main.command()
 @click.argument("name", type=click.Choice(sorted(catalogue.CATALOGUE)))
 def pull(name: str) -> None:

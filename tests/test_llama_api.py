@@ -110,3 +110,15 @@ def test_generation_continues_past_the_context_by_shifting(smollm2_path) -> None
     assert out["usage"]["completion_tokens"] == 3 * 64
     assert out["choices"][0]["finish_reason"] == "length"
     assert small._cache is not None and small._cache.n_used <= 64
+
+
+def test_bench_prints_llama_bench_records(smollm2_path) -> None:
+    args = ["bench", str(smollm2_path), "-p", "8", "-n", "4", "-t", "1", "-r", "2", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.output)
+    assert [(r["n_prompt"], r["n_gen"], r["n_threads"]) for r in records] == [(8, 0, 1), (0, 4, 1)]
+    for r in records:
+        assert len(r["samples_ts"]) == 2 and r["avg_ts"] > 0 and r["stddev_ts"] >= 0
+    bad = CliRunner().invoke(main, ["bench", str(smollm2_path), "-t", "two"])
+    assert bad.exit_code == 2 and "comma-separated" in bad.output
