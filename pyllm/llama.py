@@ -71,6 +71,14 @@ class Llama:
         self._cache: KVCache | None = None
         self._cached_tokens: list[int] = []
 
+    @classmethod
+    def from_catalogue(cls, name: str = catalogue.DEFAULT_MODEL, **kwargs: Any) -> Llama:
+        """A catalogue model by name (`pyllm list`), pulled into the model store first if needed."""
+        if name not in catalogue.CATALOGUE:
+            known = ", ".join(sorted(catalogue.CATALOGUE))
+            raise ValueError(f"unknown catalogue model {name!r}; the catalogue has: {known}")
+        return cls(catalogue.pull(name), **kwargs)
+
     # ---- vocabulary ---------------------------------------------------------------
 
     def n_vocab(self) -> int:

@@ -81,6 +81,12 @@ def test_bad_inputs_raise_clear_errors(llm: Llama) -> None:
         llm.create_completion("hi", temperature=-1)
     with pytest.raises(ValueError, match="GPU offload"):
         Llama(llm.model_path, n_gpu_layers=10)
+    with pytest.raises(ValueError, match="unknown catalogue model 'nope'"):
+        Llama.from_catalogue("nope")
+    # bytes that are not UTF-8 still tokenize (as llama.cpp does) and round-trip
+    raw = b"caf\xe9 \xff\xfe ok"
+    ids = llm.tokenize(raw, add_bos=False)
+    assert ids and llm.detokenize(ids) == raw.decode("utf-8", "replace").encode()
 
 
 def test_cli_commands(smollm2_path) -> None:
