@@ -217,6 +217,36 @@ def matmul(w: np.ndarray, weight_type: int, x: np.ndarray, n_threads: int | None
     return out[0] if squeeze else out
 
 
+class WeightMatrix:
+    """A weight W (N rows of K elements, quantized) checked once, for repeated Y = X · Wᵀ.
+
+    The forward pass multiplies by each weight once per layer per step; doing the
+    argument checks here, once, keeps the per-call cost to the C call itself.
+    """
+
+    def __init__(self, data: np.ndarray, weight_type: int, n_in: int) -> None:
+        raw = _as_bytes(data)
+        activation_type(weight_type)
+        if raw.ndim != 2 or raw.shape[1] != row_bytes(weight_type, n_in):
+            raise KernelError(f"{type_name(weight_type)} weight of shape {raw.shape} does not hold rows of {n_in}")
+        self.data = raw
+        self.type = int(weight_type)
+        self.n_in = n_in
+        self.n_out = raw.shape[0]
+        self._ptr = ffi.from_buffer(raw)
+
+    def __call__(self, x: np.ndarray, n_threads: int | None = None) -> np.ndarray:
+        """x (M, n_in) float32 -> (M, n_out) float32."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.n_in:
+            raise KernelError(f"input of shape {x.shape} for a weight with rows of {self.n_in}")
+        out = np.empty((x.shape[0], self.n_out), dtype=np.float32)
+        _check(lib.pyllm_matmul(self.type, self._ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
+                                x.shape[0], ffi.from_buffer("float[]", out), n_threads or 0),
+               f"matmul {type_name(self.type)}")
+        return out
+
+
 # ---- forward-pass ops ---------------------------------------------------------
 
 def _f32(a: np.ndarray, name: str) -> np.ndarray:

@@ -30,6 +30,7 @@ class Tensor:
     data: np.ndarray
     type: int
     shape: tuple[int, ...]   # GGUF order: shape[0] is the row length
+    matrix: kernels.WeightMatrix  # the same blocks, checked once for matmuls
 
 
 @dataclass
@@ -88,7 +89,8 @@ class Weights:
 
     def tensor(self, name: str) -> Tensor:
         info = self._info(name)
-        return Tensor(self._f.raw(name), info.type, info.shape)
+        raw = self._f.raw(name)
+        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(raw, info.type, info.shape[0]))
 
     def vector(self, name: str) -> np.ndarray:
         """A small tensor (norm weight, bias) as float32."""
@@ -126,7 +128,7 @@ class Model:
         return KVCache(self.config, n_ctx, max_batch)
 
     def _matmul(self, w: Tensor, x: np.ndarray) -> np.ndarray:
-        return kernels.matmul(w.data, w.type, x, n_threads=self.n_threads)
+        return w.matrix(x, self.n_threads)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         emb = self.weights.token_embd
