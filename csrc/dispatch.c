@@ -22,9 +22,9 @@ static const type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_F16] = {"F16", 1, 2, PYLLM_TYPE_F32},
     [PYLLM_TYPE_BF16] = {"BF16", 1, 2, PYLLM_TYPE_F32},
     [PYLLM_TYPE_Q4_0] = {"Q4_0", QK32, sizeof(block_q4_0), PYLLM_TYPE_Q8_0},
-    [PYLLM_TYPE_Q4_1] = {"Q4_1", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q4_1] = {"Q4_1", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q5_0] = {"Q5_0", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
-    [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q8_0] = {"Q8_0", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), PYLLM_TYPE_Q8_K},
@@ -32,6 +32,7 @@ static const type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q6_K] = {"Q6_K", QK_K, sizeof(block_q6_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q8_K] = {"Q8_K", QK_K, sizeof(block_q8_K), -1},
+    [PYLLM_TYPE_Q8_1] = {"Q8_1", QK32, sizeof(block_q8_1), -1},
 };
 
 static inline int type_known(int type) {
@@ -200,6 +201,8 @@ int pyllm_quantize_activations(int weight_type, const float *x, void *dst, int64
         memcpy(dst, x, (size_t)n * sizeof(float));
     } else if (act_type == PYLLM_TYPE_Q8_0) {
         quantize_row_q8_0_act(x, dst, n);
+    } else if (act_type == PYLLM_TYPE_Q8_1) {
+        quantize_row_q8_1_act(x, dst, n);
     } else {
         if (n % traits[act_type].block_size != 0) return PYLLM_ERR_SHAPE;
         quantize_table[act_type](x, dst, n);

@@ -22,6 +22,7 @@ enum pyllm_type {
     PYLLM_TYPE_Q5_0 = 6,
     PYLLM_TYPE_Q5_1 = 7,
     PYLLM_TYPE_Q8_0 = 8,
+    PYLLM_TYPE_Q8_1 = 9,
     PYLLM_TYPE_Q2_K = 10,
     PYLLM_TYPE_Q3_K = 11,
     PYLLM_TYPE_Q4_K = 12,
@@ -72,7 +73,7 @@ int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
 int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n);
 
 /* x[n] float32 -> one row of the activation format that pairs with weight `type` (what
- * matmul feeds its vec_dot kernels: q8_0 with llama.cpp's x86 rounding, q8_K, or float32). */
+ * matmul feeds its vec_dot kernels: q8_0 or q8_1 with llama.cpp's x86 rounding, q8_K, or float32). */
 int pyllm_quantize_activations(int type, const float *x, void *dst, int64_t n);
 
 /* w: n elements of weight `type`; act: n elements of pyllm_vec_dot_type(type)

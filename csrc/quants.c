@@ -240,6 +240,14 @@ static void dequantize_row_q6_K(const void *src, float *y, int64_t n) {
     }
 }
 
+static void dequantize_row_q8_1(const void *src, float *y, int64_t n) {
+    const block_q8_1 *b = src;
+    for (int64_t i = 0; i < n / QK32; ++i, y += QK32) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int j = 0; j < QK32; ++j) y[j] = (float)b[i].qs[j] * d;
+    }
+}
+
 static void dequantize_row_q8_K(const void *src, float *y, int64_t n) {
     const block_q8_K *b = src;
     for (int64_t i = 0; i < n / QK_K; ++i, y += QK_K) {
@@ -255,6 +263,7 @@ const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q2_K] = dequantize_row_q2_K, [PYLLM_TYPE_Q3_K] = dequantize_row_q3_K,
     [PYLLM_TYPE_Q4_K] = dequantize_row_q4_K, [PYLLM_TYPE_Q5_K] = dequantize_row_q5_K,
     [PYLLM_TYPE_Q6_K] = dequantize_row_q6_K, [PYLLM_TYPE_Q8_K] = dequantize_row_q8_K,
+    [PYLLM_TYPE_Q8_1] = dequantize_row_q8_1,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -394,17 +403,29 @@ static void quantize_row_q8_0_ref(const float *x, void *dst, int64_t n) {
 /* Activations for the 32-element formats, as llama.cpp's x86 CPU backend makes
  * them: the same d as the reference, but q = round-half-even(x * 127 / amax)
  * (not x / d, rounded away from zero). Matching it keeps our products closer
- * to llama.cpp's. */
+ * to llama.cpp's. Returns the unrounded d. */
+static float quantize_block_act(const float *x, int8_t qs[QK32]) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK32; ++j) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < QK32; ++j) qs[j] = (int8_t)float_to_int_clamped(nearbyintf(x[j] * id), -127, 127);
+    return amax / 127.0f;
+}
+
 void quantize_row_q8_0_act(const float *x, void *dst, int64_t n) {
     block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / QK32; ++i, x += QK32) b[i].d = fp32_to_fp16(quantize_block_act(x, b[i].qs));
+}
+
+/* s = d * sum(q) with the unrounded d, then rounded to half, as llama.cpp's q8_1 */
+void quantize_row_q8_1_act(const float *x, void *dst, int64_t n) {
+    block_q8_1 *b = dst;
     for (int64_t i = 0; i < n / QK32; ++i, x += QK32) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK32; ++j) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < QK32; ++j) {
-            b[i].qs[j] = (int8_t)float_to_int_clamped(nearbyintf(x[j] * id), -127, 127);
-        }
-        b[i].d = fp32_to_fp16(amax / 127.0f);
+        const float d = quantize_block_act(x, b[i].qs);
+        int32_t sum = 0;
+        for (int j = 0; j < QK32; ++j) sum += b[i].qs[j];
+        b[i].d = fp32_to_fp16(d);
+        b[i].s = fp32_to_fp16(d * (float)sum);
     }
 }
 
@@ -442,5 +463,5 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_BF16] = quantize_row_bf16_ref, [PYLLM_TYPE_Q4_0] = quantize_row_q4_0_ref,
     [PYLLM_TYPE_Q4_1] = quantize_row_q4_1_ref, [PYLLM_TYPE_Q5_0] = quantize_row_q5_0_ref,
     [PYLLM_TYPE_Q5_1] = quantize_row_q5_1_ref, [PYLLM_TYPE_Q8_0] = quantize_row_q8_0_ref,
-    [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref,
+    [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref, [PYLLM_TYPE_Q8_1] = quantize_row_q8_1_act,
 };

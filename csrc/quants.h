@@ -13,8 +13,7 @@
  *   - 32-element formats: an exact int32 sum per block, then per block
  *     acc[b % 8] = fmaf(scale, (float)sum, acc[b % 8]) (8 lanes), then
  *     acc8 -> 4 -> 2 -> 1 by adding lane i + half to lane i. Q4_1 / Q5_1 then
- *     add fmaf(m, half(d_a * sum(a)), lane): the activation sum rounded to half
- *     precision, as llama.cpp's q8_1 activations carry it.
+ *     add fmaf(m, s, lane) with their q8_1 activation block's s.
  *   - K-quants: an exact int32 sum per 256-element superblock, then one
  *     accumulator, acc = fmaf(scale, (float)sum, acc), superblocks in order.
  *   - float weights: acc[i % 16] = fmaf(w[i], x[i], acc[i % 16]) (16 lanes),
@@ -74,6 +73,15 @@ typedef struct {
     int8_t qs[QK32];
 } block_q8_0;
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+
+/* Activation format of Q4_1 / Q5_1: q8_0 plus s = d * sum(qs), rounded to half precision
+ * from the unrounded d (what the minimum term of those formats multiplies). */
+typedef struct {
+    fp16_t d;
+    fp16_t s;
+    int8_t qs[QK32];
+} block_q8_1;
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
 
 /* 2.625 bits/weight: 16 groups of 16, x = d * (sc & 15) * q - dmin * (sc >> 4) */
 typedef struct {
@@ -177,8 +185,9 @@ extern const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 
-/* The activation quantizer of the 32-element formats (llama.cpp's x86 rounding). */
+/* The activation quantizers of the 32-element formats (llama.cpp's x86 rounding). */
 void quantize_row_q8_0_act(const float *x, void *blocks, int64_t n);
+void quantize_row_q8_1_act(const float *x, void *blocks, int64_t n);
 
 /* Reference dequantizers and quantizers (quants.c) */
 extern const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT];

@@ -138,7 +138,7 @@ static inline __m256i block_dot_q4_0(const block_q4_0 *x, const block_q8_0 *y) {
     return widen_sum16(prod_signed(q, load32(y->qs)));
 }
 
-static inline __m256i block_dot_q4_1(const block_q4_1 *x, const block_q8_0 *y) {
+static inline __m256i block_dot_q4_1(const block_q4_1 *x, const block_q8_1 *y) {
     return widen_sum16(_mm256_maddubs_epi16(unpack_nibbles32(x->qs), load32(y->qs)));
 }
 
@@ -148,7 +148,7 @@ static inline __m256i block_dot_q5_0(const block_q5_0 *x, const block_q8_0 *y) {
     return widen_sum16(prod_signed(_mm256_or_si256(unpack_nibbles32(x->qs), high), load32(y->qs)));
 }
 
-static inline __m256i block_dot_q5_1(const block_q5_1 *x, const block_q8_0 *y) {
+static inline __m256i block_dot_q5_1(const block_q5_1 *x, const block_q8_1 *y) {
     const __m256i high = _mm256_and_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8(0x10));
     return widen_sum16(_mm256_maddubs_epi16(_mm256_or_si256(unpack_nibbles32(x->qs), high), load32(y->qs)));
 }
@@ -157,16 +157,9 @@ static inline __m256i block_dot_q8_0(const block_q8_0 *x, const block_q8_0 *y) {
     return widen_sum16(prod_signed(load32(x->qs), load32(y->qs)));
 }
 
-/* sum of the activations of a block */
-static inline __m256i block_sum_q8_0(const block_q8_0 *y) {
-    return widen_sum16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(y->qs)));
-}
-
 #define EIGHT(fn, X, Y)                                                                                       \
     fn((X) + 0, (Y) + 0), fn((X) + 1, (Y) + 1), fn((X) + 2, (Y) + 2), fn((X) + 3, (Y) + 3),                   \
         fn((X) + 4, (Y) + 4), fn((X) + 5, (Y) + 5), fn((X) + 6, (Y) + 6), fn((X) + 7, (Y) + 7)
-#define EIGHT_Y(fn, Y)                                                                                        \
-    fn((Y) + 0), fn((Y) + 1), fn((Y) + 2), fn((Y) + 3), fn((Y) + 4), fn((Y) + 5), fn((Y) + 6), fn((Y) + 7)
 
 /* x = d * q */
 #define VEC_DOT_32_SYM(name, block_t, block_dot)                                                              \
@@ -191,44 +184,35 @@ static inline __m256i block_sum_q8_0(const block_q8_0 *y) {
         return reduce_lanes8(lanes);                                                                          \
     }
 
-/* float -> the nearest half (ties to even) -> float, 8 lanes */
-static inline __m256 round_to_half(__m256 v) {
-    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-/* x = d * q + m */
+/* x = d * q + m, against q8_1 activations (which carry s = d_a * sum(a)) */
 #define VEC_DOT_32_OFFSET(name, block_t, block_dot)                                                           \
     static float name(int64_t n, const void *w, const void *act) {                                            \
         const block_t *x = w;                                                                                 \
-        const block_q8_0 *y = act;                                                                            \
+        const block_q8_1 *y = act;                                                                            \
         const int64_t nb = n / QK32;                                                                          \
         __m256 acc = _mm256_setzero_ps();                                                                     \
         int64_t b = 0;                                                                                        \
         for (; b + 8 <= nb; b += 8) {                                                                         \
-            const __m256 dy = halves8(&y[b].d, sizeof(block_q8_0));                                           \
-            const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)), dy);                        \
+            const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)),                             \
+                                               halves8(&y[b].d, sizeof(block_q8_1)));                         \
             const __m256 dot = _mm256_cvtepi32_ps(block_sums(EIGHT(block_dot, x + b, y + b)));                \
-            const __m256 sum_a = _mm256_cvtepi32_ps(block_sums(EIGHT_Y(block_sum_q8_0, y + b)));              \
-            const __m256 act_sum = round_to_half(_mm256_mul_ps(dy, sum_a));                                   \
             acc = _mm256_fmadd_ps(scale, dot, acc);                                                           \
-            acc = _mm256_fmadd_ps(halves8(&x[b].m, sizeof(block_t)), act_sum, acc);                           \
+            acc = _mm256_fmadd_ps(halves8(&x[b].m, sizeof(block_t)), halves8(&y[b].s, sizeof(block_q8_1)), acc); \
         }                                                                                                     \
         float lanes[8];                                                                                       \
         _mm256_storeu_ps(lanes, acc);                                                                         \
         for (; b < nb; ++b) {                                                                                 \
-            const float dy = half_to_float(y[b].d);                                                           \
-            const float scale = half_to_float(x[b].d) * dy;                                                   \
-            const float act_sum = fp16_to_fp32(fp32_to_fp16(dy * (float)hsum_i32x8(block_sum_q8_0(y + b))));  \
+            const float scale = half_to_float(x[b].d) * half_to_float(y[b].d);                                \
             lanes[b & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + b, y + b)), lanes[b & 7]);             \
-            lanes[b & 7] = fmaf(half_to_float(x[b].m), act_sum, lanes[b & 7]);                               \
+            lanes[b & 7] = fmaf(half_to_float(x[b].m), half_to_float(y[b].s), lanes[b & 7]);                  \
         }                                                                                                     \
         return reduce_lanes8(lanes);                                                                          \
     }
 
 VEC_DOT_32_SYM(vec_dot_q4_0_q8_0_avx2, block_q4_0, block_dot_q4_0)
-VEC_DOT_32_OFFSET(vec_dot_q4_1_q8_0_avx2, block_q4_1, block_dot_q4_1)
+VEC_DOT_32_OFFSET(vec_dot_q4_1_q8_1_avx2, block_q4_1, block_dot_q4_1)
 VEC_DOT_32_SYM(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_dot_q5_0)
-VEC_DOT_32_OFFSET(vec_dot_q5_1_q8_0_avx2, block_q5_1, block_dot_q5_1)
+VEC_DOT_32_OFFSET(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_dot_q5_1)
 VEC_DOT_32_SYM(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_dot_q8_0)
 
 /* ------------------------------------------------------------------------ */
@@ -508,8 +492,8 @@ FLOAT_VEC_DOT_AVX2(vec_dot_bf16_f32_avx2, load8_bf16, LOAD1_BF16)
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_F32] = vec_dot_f32_f32_avx2,   [PYLLM_TYPE_F16] = vec_dot_f16_f32_avx2,
     [PYLLM_TYPE_BF16] = vec_dot_bf16_f32_avx2, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_avx2,
-    [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_0_avx2, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_avx2,
-    [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_0_avx2, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_avx2,
+    [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_1_avx2, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_avx2,
+    [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_1_avx2, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_avx2,
     [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_avx2, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_avx2,
     [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_avx2, [PYLLM_TYPE_Q5_K] = vec_dot_q5_K_q8_K_avx2,
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_avx2,

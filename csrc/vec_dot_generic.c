@@ -16,18 +16,6 @@ static inline int32_t dot32_int(const int8_t q[QK32], const int8_t a[QK32]) {
     return sum;
 }
 
-static inline int32_t sum32_int(const int8_t a[QK32]) {
-    int32_t sum = 0;
-    for (int j = 0; j < QK32; ++j) sum += a[j];
-    return sum;
-}
-
-/* d_a * sum(a) rounded to half precision: the minimum term of Q4_1 / Q5_1 uses it,
- * as llama.cpp's q8_1 activations store it, so the products agree with llama.cpp's. */
-static inline float act_sum_half(float d_a, const int8_t a[QK32]) {
-    return fp16_to_fp32(fp32_to_fp16(d_a * (float)sum32_int(a)));
-}
-
 static void unpack_q4(const uint8_t qs[16], int offset, int8_t q[QK32]) {
     for (int j = 0; j < 16; ++j) {
         q[j] = (int8_t)((qs[j] & 0xF) - offset);
@@ -57,18 +45,16 @@ static float vec_dot_q4_0_q8_0_generic(int64_t n, const void *w, const void *act
     return reduce_lanes8(acc);
 }
 
-static float vec_dot_q4_1_q8_0_generic(int64_t n, const void *w, const void *act) {
+static float vec_dot_q4_1_q8_1_generic(int64_t n, const void *w, const void *act) {
     const block_q4_1 *x = w;
-    const block_q8_0 *y = act;
+    const block_q8_1 *y = act;
     float acc[8] = {0};
     for (int64_t b = 0; b < n / QK32; ++b) {
         int8_t q[QK32];
         unpack_q4(x[b].qs, 0, q);
-        const float dy = fp16_to_fp32(y[b].d);
-        const float scale = fp16_to_fp32(x[b].d) * dy;
-        const float act_sum = act_sum_half(dy, y[b].qs);
+        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
         acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
-        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), act_sum, acc[b & 7]);
+        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), acc[b & 7]);
     }
     return reduce_lanes8(acc);
 }
@@ -86,18 +72,16 @@ static float vec_dot_q5_0_q8_0_generic(int64_t n, const void *w, const void *act
     return reduce_lanes8(acc);
 }
 
-static float vec_dot_q5_1_q8_0_generic(int64_t n, const void *w, const void *act) {
+static float vec_dot_q5_1_q8_1_generic(int64_t n, const void *w, const void *act) {
     const block_q5_1 *x = w;
-    const block_q8_0 *y = act;
+    const block_q8_1 *y = act;
     float acc[8] = {0};
     for (int64_t b = 0; b < n / QK32; ++b) {
         int8_t q[QK32];
         unpack_q5(x[b].qh, x[b].qs, 0, q);
-        const float dy = fp16_to_fp32(y[b].d);
-        const float scale = fp16_to_fp32(x[b].d) * dy;
-        const float act_sum = act_sum_half(dy, y[b].qs);
+        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
         acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
-        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), act_sum, acc[b & 7]);
+        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), acc[b & 7]);
     }
     return reduce_lanes8(acc);
 }
@@ -261,8 +245,8 @@ FLOAT_VEC_DOT(vec_dot_bf16_f32_generic, LOAD_BF16)
 const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_F32] = vec_dot_f32_f32_generic,   [PYLLM_TYPE_F16] = vec_dot_f16_f32_generic,
     [PYLLM_TYPE_BF16] = vec_dot_bf16_f32_generic, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_generic,
-    [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_0_generic, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_generic,
-    [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_0_generic, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_generic,
+    [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_1_generic, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_generic,
+    [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_1_generic, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_generic,
     [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_generic, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_generic,
     [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_generic, [PYLLM_TYPE_Q5_K] = vec_dot_q5_K_q8_K_generic,
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_generic,

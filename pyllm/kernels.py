@@ -29,6 +29,7 @@ class GGMLType(IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
+    Q8_1 = 9
     Q2_K = 10
     Q3_K = 11
     Q4_K = 12
@@ -150,8 +151,8 @@ def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
 def quantize_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
     """float32 activations (rows along the last axis) -> the format matmul pairs with `weight_type`.
 
-    q8_0 activations round like llama.cpp's x86 backend (half to even, x * 127 / amax), which
-    can differ by one step from the weight quantizer `quantize(x, Q8_0)`.
+    q8_0 / q8_1 activations round like llama.cpp's x86 backend (half to even, x * 127 / amax),
+    which can differ by one step from the weight quantizer `quantize(x, Q8_0)`.
     """
     act = activation_type(weight_type)
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -73,19 +73,19 @@ static const int weight_types[] = {
 };
 #define N_WEIGHT_TYPES (int)(sizeof(weight_types) / sizeof(weight_types[0]))
 
-/* Q4_1 / Q5_1 multiply each block's m by half(d_a * sum(a)): at most half an ulp of half
- * precision (2^-11 relative) off the exact activation sum. 0 for the other types. */
+/* Q4_1 / Q5_1 multiply each block's m by its q8_1 activation's s = half(d * sum(a)), taken
+ * from the unrounded d: within 2^-10 (relative) of the sum of the dequantized activations. */
 static double min_term_rounding(int type, const uint8_t *w, const uint8_t *act, int64_t n) {
     if (type != PYLLM_TYPE_Q4_1 && type != PYLLM_TYPE_Q5_1) return 0.0;
     const int64_t ts = pyllm_type_size(type);
-    const block_q8_0 *a = (const block_q8_0 *)act;
+    const block_q8_1 *a = (const block_q8_1 *)act;
     double bound = 0.0;
     for (int64_t b = 0; b < n / QK32; ++b) {
         fp16_t m;
         memcpy(&m, w + b * ts + 2, sizeof(m));
         int32_t sum = 0;
         for (int j = 0; j < QK32; ++j) sum += a[b].qs[j];
-        bound += fabs((double)fp16_to_fp32(m)) * fabs((double)fp16_to_fp32(a[b].d) * sum) * 0x1p-11;
+        bound += fabs((double)fp16_to_fp32(m)) * fabs((double)fp16_to_fp32(a[b].d) * sum) * 0x1p-10 * 1.01;
     }
     return bound;
 }
