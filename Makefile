@@ -30,7 +30,7 @@ chat: install
 	$(PYTHON) -m pyllm.cli chat smollm2-135m-instruct
 
 C_TESTS = test_kernels test_simd_stress
-C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*.inc)
+C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*.inc csrc/tests/*.h)
 
 csrc/tests/%: csrc/tests/%.c $(C_DEPS)
 	$(CC) $(CFLAGS_C) $(C_SOURCES) $< -o $@ -lm

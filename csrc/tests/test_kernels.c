@@ -13,6 +13,7 @@
 
 #include "../dispatch.h"
 #include "../threadpool.h"
+#include "test_blocks.h"
 
 static int passed, failed;
 
@@ -28,50 +29,6 @@ static int passed, failed;
         }                                        \
     } while (0)
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-static float rng_float(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() & 0xFFFFFF) / 16777216.0f; }
-
-static void set_fp16(uint8_t *p, float v) {
-    fp16_t h = fp32_to_fp16(v);
-    memcpy(p, &h, 2);
-}
-
-/* Random blocks of `type` with finite scales: random bytes, then each fp16 field overwritten. */
-static void random_weights(int type, uint8_t *dst, int64_t n) {
-    const int64_t bs = pyllm_type_block_size(type), ts = pyllm_type_size(type), nb = n / bs;
-    for (int64_t i = 0; i < nb * ts; ++i) dst[i] = (uint8_t)rng_u32();
-    for (int64_t b = 0; b < nb; ++b) {
-        uint8_t *p = dst + b * ts;
-        switch (type) {
-        case PYLLM_TYPE_F32: { float v = rng_float(-2, 2); memcpy(p, &v, 4); break; }
-        case PYLLM_TYPE_F16: set_fp16(p, rng_float(-2, 2)); break;
-        case PYLLM_TYPE_BF16: { bf16_t h = fp32_to_bf16(rng_float(-2, 2)); memcpy(p, &h, 2); break; }
-        case PYLLM_TYPE_Q4_0: case PYLLM_TYPE_Q5_0: case PYLLM_TYPE_Q8_0:
-            set_fp16(p, rng_float(-0.1f, 0.1f)); break;
-        case PYLLM_TYPE_Q4_1: case PYLLM_TYPE_Q5_1:
-            set_fp16(p, rng_float(0, 0.1f)); set_fp16(p + 2, rng_float(-1, 1)); break;
-        case PYLLM_TYPE_Q2_K: set_fp16(p + 80, rng_float(0, 0.1f)); set_fp16(p + 82, rng_float(0, 0.1f)); break;
-        case PYLLM_TYPE_Q3_K: set_fp16(p + 108, rng_float(-0.1f, 0.1f)); break;
-        case PYLLM_TYPE_Q4_K: case PYLLM_TYPE_Q5_K:
-            set_fp16(p, rng_float(0, 0.1f)); set_fp16(p + 2, rng_float(0, 0.1f)); break;
-        case PYLLM_TYPE_Q6_K: set_fp16(p + 208, rng_float(-0.1f, 0.1f)); break;
-        default: break;
-        }
-    }
-}
-
-static const int weight_types[] = {
-    PYLLM_TYPE_F32, PYLLM_TYPE_F16, PYLLM_TYPE_BF16, PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_1,
-    PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q2_K, PYLLM_TYPE_Q3_K,
-    PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q5_K, PYLLM_TYPE_Q6_K,
-};
-#define N_WEIGHT_TYPES (int)(sizeof(weight_types) / sizeof(weight_types[0]))
 
 /* Q4_1 / Q5_1 multiply each block's m by its q8_1 activation's s = half(d * sum(a)), taken
  * from the unrounded d: within 2^-10 (relative) of the sum of the dequantized activations. */
@@ -104,7 +61,7 @@ static void test_tiers_agree(void) {
             float *wf = malloc((size_t)n * sizeof(float));
             float *xf = malloc((size_t)n * sizeof(float));
             uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-            random_weights(type, w, n);
+            random_weights(type, w, n, FILL_RANDOM);
             for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
             if (blocks == 3) {  /* a zero activation row and zero weights */
                 memset(x, 0, (size_t)n * sizeof(float));
@@ -144,7 +101,7 @@ static void test_matmul_invariance(void) {
         float *x = malloc((size_t)(m * k) * sizeof(float));
         float *y_all = malloc((size_t)(m * n) * sizeof(float));
         float *y_one = malloc((size_t)n * sizeof(float));
-        random_weights(type, w, n * k);
+        random_weights(type, w, n * k, FILL_RANDOM);
         for (int64_t i = 0; i < m * k; ++i) x[i] = rng_float(-1, 1);
         for (int threads = 1; threads <= 3; ++threads) {
             CHECK(pyllm_matmul(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");

@@ -13,55 +13,11 @@
 #include <time.h>
 
 #include "../dispatch.h"
+#include "test_blocks.h"
 
 static const vec_dot_fn *const tables[PYLLM_TIER_COUNT] = {
     vec_dot_table_generic, vec_dot_table_avx2, vec_dot_table_avx512, vec_dot_table_avx512_vnni,
 };
-static const int types[] = {
-    PYLLM_TYPE_F32, PYLLM_TYPE_F16, PYLLM_TYPE_BF16, PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_1,
-    PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q2_K, PYLLM_TYPE_Q3_K,
-    PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q5_K, PYLLM_TYPE_Q6_K,
-};
-#define N_TYPES (int)(sizeof(types) / sizeof(types[0]))
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint32_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)(rng >> 11); }
-static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xFFFFFF) / 16777216.0f; }
-static void put16(uint8_t *p, float v) { fp16_t h = fp32_to_fp16(v); memcpy(p, &h, 2); }
-
-/* 0 random, 1 all 0xFF, 2 all 0x80, 3 all 0x7F, 4 all 0x00, 5 a random extreme byte */
-static uint8_t fill_byte(int mode) {
-    static const uint8_t extreme[5] = {0x80, 0x7F, 0xFF, 0x00, 0x01};
-    switch (mode) {
-    case 1: return 0xFF;
-    case 2: return 0x80;
-    case 3: return 0x7F;
-    case 4: return 0x00;
-    case 5: return extreme[rnd() % 5];
-    default: return (uint8_t)rnd();
-    }
-}
-
-static void make_weights(int type, uint8_t *w, int64_t n, int mode) {
-    const int64_t bs = pyllm_type_block_size(type), ts = pyllm_type_size(type), nb = n / bs;
-    for (int64_t i = 0; i < nb * ts; ++i) w[i] = fill_byte(mode);
-    for (int64_t b = 0; b < nb; ++b) {
-        uint8_t *p = w + b * ts;
-        switch (type) {
-        case PYLLM_TYPE_F32: { float v = rndf(-2, 2); memcpy(p, &v, 4); break; }
-        case PYLLM_TYPE_F16: put16(p, rndf(-2, 2)); break;
-        case PYLLM_TYPE_BF16: { bf16_t h = fp32_to_bf16(rndf(-2, 2)); memcpy(p, &h, 2); break; }
-        case PYLLM_TYPE_Q4_0: case PYLLM_TYPE_Q5_0: case PYLLM_TYPE_Q8_0: put16(p, rndf(-0.1f, 0.1f)); break;
-        case PYLLM_TYPE_Q4_1: case PYLLM_TYPE_Q5_1: put16(p, rndf(0, 0.1f)); put16(p + 2, rndf(-1, 1)); break;
-        case PYLLM_TYPE_Q2_K: put16(p + 80, rndf(0, 0.1f)); put16(p + 82, rndf(0, 0.1f)); break;
-        case PYLLM_TYPE_Q3_K: put16(p + 108, rndf(-0.1f, 0.1f)); break;
-        case PYLLM_TYPE_Q4_K: case PYLLM_TYPE_Q5_K: put16(p, rndf(0, 0.1f)); put16(p + 2, rndf(0, 0.1f)); break;
-        case PYLLM_TYPE_Q6_K: put16(p + 208, rndf(-0.1f, 0.1f)); break;
-        default: break;
-        }
-    }
-}
-
 /* Activations always come from the quantizers: q8 values in [-127, 127],
  * bsums the sums of their groups. That is the kernels' contract. */
 static void make_activations(int type, uint8_t *act, const float *x, int64_t n) {
@@ -81,14 +37,14 @@ static void bench(int best) {
     for (int t = 0; t <= best; ++t) printf(" %12s", pyllm_tier_name(t));
     printf("\n");
     volatile float sink = 0;
-    for (int ti = 0; ti < N_TYPES; ++ti) {
-        const int type = types[ti];
+    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+        const int type = weight_types[ti];
         const int64_t row_bytes = n / pyllm_type_block_size(type) * pyllm_type_size(type);
         uint8_t *w = malloc((size_t)(row_bytes * rows));
         float *x = malloc((size_t)n * sizeof(float));
         uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-        make_weights(type, w, n * rows, 0);
-        for (int64_t i = 0; i < n; ++i) x[i] = rndf(-1, 1);
+        random_weights(type, w, n * rows, FILL_RANDOM);
+        for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
         make_activations(type, act, x, n);
         printf("%-6s", pyllm_type_name(type));
         for (int t = 0; t <= best; ++t) {
@@ -115,16 +71,16 @@ int main(int argc, char **argv) {
     const int best = pyllm_cpu_best_tier();
     if (iters > 0) printf("cpu tier: %s\n", pyllm_tier_name(best));
     long checks[PYLLM_TIER_COUNT] = {0}, fails[PYLLM_TIER_COUNT] = {0};
-    long type_fails[PYLLM_TIER_COUNT][N_TYPES] = {{0}};
+    long type_fails[PYLLM_TIER_COUNT][N_WEIGHT_TYPES] = {{0}};
     for (int t = 1; t <= best && iters > 0; ++t) {
         int own = 0;
-        for (int ti = 0; ti < N_TYPES; ++ti) own += tables[t][types[ti]] != NULL;
-        printf("tier %s: own kernels for %d of %d weight types\n", pyllm_tier_name(t), own, N_TYPES);
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) own += tables[t][weight_types[ti]] != NULL;
+        printf("tier %s: own kernels for %d of %d weight types\n", pyllm_tier_name(t), own, N_WEIGHT_TYPES);
     }
     for (int it = 0; it < iters; ++it) {
-        const int wmode = it % 6;
-        for (int ti = 0; ti < N_TYPES; ++ti) {
-            const int type = types[ti];
+        const int wmode = it % FILL_MODES;
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+            const int type = weight_types[ti];
             const int64_t bs = pyllm_type_block_size(type);
             const int max_len = bs == 1 ? 100 : bs == QK32 ? 41 : 6;
             for (int len = 1; len <= max_len; ++len) {
@@ -132,8 +88,8 @@ int main(int argc, char **argv) {
                 uint8_t *w = malloc((size_t)(len * pyllm_type_size(type)));
                 float *x = malloc((size_t)n * sizeof(float));
                 uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-                make_weights(type, w, n, wmode);
-                for (int64_t i = 0; i < n; ++i) x[i] = (it % 7 == 6) ? 0.0f : rndf(-1, 1);
+                random_weights(type, w, n, wmode);
+                for (int64_t i = 0; i < n; ++i) x[i] = (it % 7 == 6) ? 0.0f : rng_float(-1, 1);
                 make_activations(type, act, x, n);
                 const float ref = vec_dot_table_generic[type](n, w, act);
                 for (int t = 1; t <= best; ++t) {
@@ -157,9 +113,9 @@ int main(int argc, char **argv) {
         printf("stress tier %s: %ld checks, %ld failed\n", pyllm_tier_name(t), checks[t], fails[t]);
         total_checks += checks[t];
         total_fails += fails[t];
-        for (int ti = 0; ti < N_TYPES; ++ti) {
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
             if (type_fails[t][ti] > 0) {
-                printf("  %s: %ld failed\n", pyllm_type_name(types[ti]), type_fails[t][ti]);
+                printf("  %s: %ld failed\n", pyllm_type_name(weight_types[ti]), type_fails[t][ti]);
             }
         }
     }
