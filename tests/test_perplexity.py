@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from pyllm.cli import main
 from pyllm.llama import Llama
-from pyllm.perplexity import PerplexityError, perplexity
+from pyllm.perplexity import PerplexityError, PerplexityResult, perplexity
 
 TEXT = (
     "The river ran slowly through the valley, and the people who lived along its banks had learned long ago "
@@ -27,6 +27,7 @@ TEXT = (
     "not be hurried, and she would not sell a loaf that had not rested properly. Travellers who passed through "
     "the town often remarked that they had never tasted anything like it."
 )
+SHORT = TEXT[:200]  # 2 chunks of 16 tokens for both vocabularies
 
 
 def reference_ppl(llm: Llama, text: str, n_ctx: int, replace_bos: bool = True) -> tuple[float, int, int]:
@@ -51,10 +52,16 @@ def smollm2(smollm2_path) -> Llama:
     return Llama(str(smollm2_path), n_ctx=64, n_threads=2)
 
 
-def test_perplexity_matches_direct_computation(smollm2: Llama) -> None:
-    assert not smollm2.tokenizer.add_bos  # SmolLM2's vocab adds no BOS: chunks are scored as they are
-    seen = []
+@pytest.fixture(scope="module")
+def progress_and_result(smollm2: Llama) -> tuple[list, PerplexityResult]:
+    seen: list = []
     result = perplexity(smollm2, TEXT, 64, progress=lambda i, n, ppl: seen.append((i, n, ppl)))
+    return seen, result
+
+
+def test_perplexity_matches_direct_computation(smollm2: Llama, progress_and_result) -> None:
+    assert not smollm2.tokenizer.add_bos  # SmolLM2's vocab adds no BOS: chunks are scored as they are
+    seen, result = progress_and_result
     ppl, n_chunks, n_scored = reference_ppl(smollm2, TEXT, 64)
     assert (result.n_chunks, result.n_ctx, result.n_scored) == (n_chunks, 64, n_scored) == (2, 64, 2 * 31)
     assert result.ppl == pytest.approx(ppl, rel=1e-4)
@@ -71,16 +78,16 @@ def test_perplexity_matches_direct_computation(smollm2: Llama) -> None:
 def test_first_token_of_each_chunk_becomes_bos(gemma_path) -> None:
     llm = Llama(str(gemma_path), n_ctx=16, n_threads=2)
     assert llm.tokenizer.add_bos
-    result = perplexity(llm, TEXT, 16)
-    ppl, n_chunks, _ = reference_ppl(llm, TEXT, 16)
-    assert result.n_chunks == n_chunks == len(llm.tokenize(TEXT.encode())) // 16
+    result = perplexity(llm, SHORT, 16)
+    ppl, n_chunks, _ = reference_ppl(llm, SHORT, 16)
+    assert result.n_chunks == n_chunks == len(llm.tokenize(SHORT.encode())) // 16 == 2
     assert result.ppl == pytest.approx(ppl, rel=1e-4)
     # ... and that replacement matters, so the check above can tell
-    without, _, _ = reference_ppl(llm, TEXT, 16, replace_bos=False)
+    without, _, _ = reference_ppl(llm, SHORT, 16, replace_bos=False)
     assert abs(without / ppl - 1) > 1e-3
 
 
-def test_cli_json_matches_api(smollm2: Llama, smollm2_path, tmp_path) -> None:
+def test_cli_json_matches_api(progress_and_result, smollm2_path, tmp_path) -> None:
     text_file = tmp_path / "text.txt"
     text_file.write_text(TEXT + "\n")  # one trailing newline is dropped, as llama.cpp's -f does
     result = CliRunner().invoke(main, ["perplexity", str(smollm2_path), "-f", str(text_file), "-c", "64",
@@ -89,13 +96,13 @@ def test_cli_json_matches_api(smollm2: Llama, smollm2_path, tmp_path) -> None:
     out = json.loads(result.stdout)
     assert set(out) == {"ppl", "n_chunks", "n_ctx"}
     assert out["n_chunks"] == 2 and out["n_ctx"] == 64
-    assert out["ppl"] == pytest.approx(perplexity(smollm2, TEXT, 64).ppl, rel=1e-9)
+    assert out["ppl"] == pytest.approx(progress_and_result[1].ppl, rel=1e-9)
 
 
 def test_cli_text_output(smollm2_path, tmp_path) -> None:
     text_file = tmp_path / "text.txt"
-    text_file.write_text(TEXT)
-    result = CliRunner().invoke(main, ["perplexity", str(smollm2_path), "-f", str(text_file), "-c", "64"])
+    text_file.write_text(SHORT)
+    result = CliRunner().invoke(main, ["perplexity", str(smollm2_path), "-f", str(text_file), "-c", "16"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("Final estimate: PPL = ") and " +/- " in result.stdout
     assert result.stderr.startswith("[1]") and ",[2]" in result.stderr
