@@ -191,31 +191,13 @@ def matmul(w: np.ndarray, weight_type: int, x: np.ndarray, n_threads: int | None
     """Y[M, N] = X[M, K] · W[N, K]ᵀ with W as (N, row_bytes) uint8 blocks of `weight_type`.
 
     Every row of Y is bit-identical whatever M and n_threads (default: all physical cores).
+    A 1-D x gives a 1-D y.
     """
-    w_raw = _as_bytes(w)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    squeeze = x.ndim == 1
-    if squeeze:
-        x = x[None, :]
-    if x.ndim != 2 or w_raw.ndim != 2:
-        raise KernelError(f"matmul wants W (N, row_bytes) and X (M, K); got {w_raw.shape} and {x.shape}")
-    m, k = x.shape
-    n = w_raw.shape[0]
-    activation_type(weight_type)
-    if w_raw.shape[1] != row_bytes(weight_type, k):
-        raise KernelError(f"W rows have {w_raw.shape[1]} bytes; {k} {type_name(weight_type)} elements need "
-                          f"{row_bytes(weight_type, k)}")
-    if out is None:
-        out = np.empty((m, n), dtype=np.float32)
-    elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise KernelError(f"out must be a contiguous float32 array of shape {(m, n)}")
-    threads = 0 if n_threads is None else int(n_threads)
-    if n_threads is not None and threads < 1:
-        raise KernelError(f"n_threads must be at least 1, not {n_threads}")
-    if m and n:
-        _check(lib.pyllm_matmul(int(weight_type), ffi.from_buffer(w_raw), n, k, ffi.from_buffer("float[]", x), m,
-                                ffi.from_buffer("float[]", out), threads), f"matmul {type_name(weight_type)}")
-    return out[0] if squeeze else out
+    if x.ndim not in (1, 2):
+        raise KernelError(f"matmul wants X (M, K) or (K,); got shape {x.shape}")
+    y = WeightMatrix(w, weight_type, x.shape[-1])(np.atleast_2d(x), n_threads, out)
+    return y[0] if x.ndim == 1 else y
 
 
 class WeightMatrix:
@@ -228,23 +210,33 @@ class WeightMatrix:
     def __init__(self, data: np.ndarray, weight_type: int, n_in: int) -> None:
         raw = _as_bytes(data)
         activation_type(weight_type)
-        if raw.ndim != 2 or raw.shape[1] != row_bytes(weight_type, n_in):
-            raise KernelError(f"{type_name(weight_type)} weight of shape {raw.shape} does not hold rows of {n_in}")
+        if raw.ndim != 2:
+            raise KernelError(f"a weight is (N, row_bytes) blocks; got shape {raw.shape}")
+        if raw.shape[1] != row_bytes(weight_type, n_in):
+            raise KernelError(f"W rows have {raw.shape[1]} bytes; {n_in} {type_name(weight_type)} elements need "
+                              f"{row_bytes(weight_type, n_in)}")
         self.data = raw
         self.type = int(weight_type)
         self.n_in = n_in
         self.n_out = raw.shape[0]
         self._ptr = ffi.from_buffer(raw)
 
-    def __call__(self, x: np.ndarray, n_threads: int | None = None) -> np.ndarray:
-        """x (M, n_in) float32 -> (M, n_out) float32."""
+    def __call__(self, x: np.ndarray, n_threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """x (M, n_in) float32 -> (M, n_out) float32, into `out` when given."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.n_in:
             raise KernelError(f"input of shape {x.shape} for a weight with rows of {self.n_in}")
-        out = np.empty((x.shape[0], self.n_out), dtype=np.float32)
-        _check(lib.pyllm_matmul(self.type, self._ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
-                                x.shape[0], ffi.from_buffer("float[]", out), n_threads or 0),
-               f"matmul {type_name(self.type)}")
+        shape = (x.shape[0], self.n_out)
+        if out is None:
+            out = np.empty(shape, dtype=np.float32)
+        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise KernelError(f"out must be a contiguous float32 array of shape {shape}")
+        if n_threads is not None and n_threads < 1:
+            raise KernelError(f"n_threads must be at least 1, not {n_threads}")
+        if x.shape[0] and self.n_out:
+            _check(lib.pyllm_matmul(self.type, self._ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
+                                    x.shape[0], ffi.from_buffer("float[]", out), n_threads or 0),
+                   f"matmul {type_name(self.type)}")
         return out
 
 
