@@ -12,6 +12,11 @@ Q5_K_M, Q6_K, and "pure" Q2_K, Q3_K_S, Q4_K_M; files are kept in --requant-dir a
    by argmax for --tokens tokens; counts the identical leading tokens (also logits rel rms / argmax);
 3. chat (files with a chat template): create_chat_completion(temperature=0, max_tokens=--tokens)
    on both; the answers must be the same text;
+   for 2 and 3 also llama.cpp against itself: the same greedy run with its repacked weight layouts
+   off, and with a micro-batch of 1 token. Both are changes that should not matter, yet at a near
+   tie they flip llama.cpp's own argmax. The "self" figure is the shorter of the two agreements
+   with llama.cpp's default run. A greedy or chat result passes when pyllm agrees with llama.cpp's
+   default run at least as far as llama.cpp agrees with itself;
 4. perplexity by llama-perplexity's protocol on the same text and n_ctx: pyllm's through
    pyllm.perplexity, llama.cpp's from logits_all evaluations of the same chunks (first token
    replaced by BOS when the vocab adds BOS, second half scored); the relative difference (target
@@ -19,6 +24,10 @@ Q5_K_M, Q6_K, and "pure" Q2_K, Q3_K_S, Q4_K_M; files are kept in --requant-dir a
 
 With --exact, also llama.cpp's perplexity on an F32 dequantization of each file: the weights' own
 perplexity without any 8-bit rounding of activations, to see which implementation is nearer to it.
+
+The default perplexity text is the built-in prose followed by English paragraphs from CPython's own
+reference documentation (pydoc_data.topics, in every Python install), about 6k tokens: enough
+scored tokens that perplexity differences reflect the implementations and not a handful of tokens.
 
 Prints a table at the end. An error on one side (e.g. a tensor type pyllm lacks) goes into the
 row, not a crash. Needs llama-cpp-python; not run in CI.
@@ -118,6 +127,35 @@ on until the lamps of the first fishing boats moved out again past the breakwate
 """
 
 
+def default_text(n_chars: int = 24000) -> str:
+    """PROSE, then prose paragraphs of CPython's reference docs, up to n_chars."""
+    import pydoc_data.topics
+
+    docs = "\n\n".join(pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics))
+    paragraphs = [p for p in docs.split("\n\n")
+                  if len(p) > 200 and p.count("  ") < 3 and not p.lstrip().startswith((">>>", "...", "*"))]
+    return (PROSE + "\n" + "\n\n".join(paragraphs))[:n_chars]
+
+
+@contextlib.contextmanager
+def _llama_cpp_repack(enabled: bool):
+    """Load llama.cpp models with its repacked (interleaved) CPU weight layouts on or off."""
+    import llama_cpp.llama as bindings
+
+    default_params = bindings.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default_params()
+        p.use_extra_bufts = enabled
+        return p
+
+    bindings.llama_cpp.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        bindings.llama_cpp.llama_model_default_params = default_params
+
+
 def _requant_variants() -> list[tuple[str, bool]]:
     plain = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K_M", "Q5_K_M", "Q6_K"]
     pure = ["Q2_K", "Q3_K_S", "Q4_K_M"]
@@ -129,7 +167,9 @@ class Row:
     name: str
     tokens: str = "-"
     greedy: str = "-"
+    greedy_self: str = "-"
     chat: str = "-"
+    chat_self: str = "-"
     ppl_ours: float | None = None
     ppl_ref: float | None = None
     ppl_exact: float | None = None
@@ -162,17 +202,48 @@ def compare_tokenization(ours: Llama, ref) -> tuple[str, list[str]]:
     return f"{same}/{total}", bad
 
 
+def llama_cpp_greedy(ref, tokens: list[int], n_tokens: int) -> list[int]:
+    out = []
+    for token in ref.generate(tokens, temp=0.0, top_k=1, reset=True):
+        out.append(token)
+        if len(out) == n_tokens:
+            break
+    return out
+
+
+def leading_agreement(a, b) -> int:
+    """How many leading items (tokens or characters) two sequences share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def llama_cpp_alternatives(path: str, n_ctx: int, threads: int) -> dict[str, object]:
+    """llama.cpp instances whose answers should equal the default's: repacked layouts off; micro-batch of 1."""
+    import llama_cpp
+
+    with _llama_cpp_repack(False):
+        no_repack = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, verbose=False, n_threads=threads)
+    ubatch1 = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=1, verbose=False,
+                              n_threads=threads)
+    return {"repacking off": no_repack, "micro-batch 1": ubatch1}
+
+
+def self_agreement(reference, alternatives: dict[str, object], run) -> tuple[int, str]:
+    """(shortest leading agreement of run(alt) with `reference` over the alternatives, which one)."""
+    worst, which = len(reference), "-"
+    for label, alt in alternatives.items():
+        n = leading_agreement(reference, run(alt))
+        if n < worst:
+            worst, which = n, label
+    return worst, which
+
+
 def greedy_divergence(ours: Llama, ref, tokens: list[int], n_tokens: int) -> tuple[int, str, np.ndarray]:
     """Argmax-continue `tokens` on both sides for n_tokens; (identical leading tokens, explanation, our prompt logits).
 
     The explanation gives, at the first difference, each side's logit margin of its own choice over the other's
     (a margin near 0 is a near tie that any rounding difference can flip).
     """
-    theirs = []
-    for token in ref.generate(tokens, temp=0.0, top_k=1, reset=True):
-        theirs.append(token)
-        if len(theirs) == n_tokens:
-            break
+    theirs = llama_cpp_greedy(ref, tokens, n_tokens)
     model = ours.model
     cache = model.new_cache(len(tokens) + n_tokens)
     prompt_logits = model.forward(tokens, cache, logits="all")
@@ -191,7 +262,8 @@ def greedy_divergence(ours: Llama, ref, tokens: list[int], n_tokens: int) -> tup
     return same, why, prompt_logits
 
 
-def compare_greedy(ours: Llama, ref, n_tokens: int) -> tuple[str, list[str]]:
+def compare_greedy(ours: Llama, ref, alternatives: dict[str, object],
+                   n_tokens: int) -> tuple[str, str, list[str]]:
     tokens = ref.tokenize(PROMPT, add_bos=True)
     ref.reset()
     ref.eval(tokens)
@@ -202,18 +274,28 @@ def compare_greedy(ours: Llama, ref, n_tokens: int) -> tuple[str, list[str]]:
     notes = [f"prompt logits rel rms {rel_rms:.2e}, argmax agree {agree:.0%}"]
     if why:
         notes.append("greedy: " + why)
-    return f"{same}/{n_tokens}", notes
+    theirs = llama_cpp_greedy(ref, tokens, n_tokens)
+    own, which = self_agreement(theirs, alternatives, lambda alt: llama_cpp_greedy(alt, tokens, n_tokens))
+    if own < n_tokens:
+        notes.append(f"greedy: llama.cpp with {which} agrees with its default run for {own}/{n_tokens} tokens")
+    return f"{same}/{n_tokens}", f"{own}/{n_tokens}", notes
 
 
-def compare_chat(ours: Llama, ref, n_tokens: int) -> tuple[str, list[str]]:
-    if "tokenizer.chat_template" not in ours.metadata:
-        return "-", []
-    a = ours.create_chat_completion(CHAT, temperature=0, max_tokens=n_tokens)["choices"][0]["message"]["content"]
+def llama_cpp_chat(ref, n_tokens: int) -> str:
     ref.reset()
-    b = ref.create_chat_completion(CHAT, temperature=0, max_tokens=n_tokens)["choices"][0]["message"]["content"]
+    return ref.create_chat_completion(CHAT, temperature=0, max_tokens=n_tokens)["choices"][0]["message"]["content"]
+
+
+def compare_chat(ours: Llama, ref, alternatives: dict[str, object], n_tokens: int) -> tuple[str, str, list[str]]:
+    if "tokenizer.chat_template" not in ours.metadata:
+        return "-", "-", []
+    a = ours.create_chat_completion(CHAT, temperature=0, max_tokens=n_tokens)["choices"][0]["message"]["content"]
+    b = llama_cpp_chat(ref, n_tokens)
+    own, which = self_agreement(b, alternatives, lambda alt: llama_cpp_chat(alt, n_tokens))
+    own_text = "yes" if own == len(b) else f"no @{own} ({which})"
     if a == b:
-        return "yes", []
-    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        return "yes", own_text, []
+    at = leading_agreement(a, b)
     notes = [f"chat: llama.cpp {b[at:at + 30]!r} vs pyllm {a[at:at + 30]!r} at char {at}"]
     # same prompt tokens? then the difference is in the forward pass: show where and how close the call was
     prompt = ours.tokenize(ours.apply_chat_template(CHAT).encode("utf-8"), add_bos=True, special=True)
@@ -225,7 +307,7 @@ def compare_chat(ours: Llama, ref, n_tokens: int) -> tuple[str, list[str]]:
     else:
         same, why, _ = greedy_divergence(ours, ref, prompt, n_tokens)
         notes.append(f"chat prompt tokens identical ({len(prompt)}); token-level: " + (why or "no difference"))
-    return f"no @{at}", notes
+    return f"no @{at}", own_text, notes
 
 
 def llama_cpp_perplexity(ref, text: str, n_ctx: int) -> tuple[float, int]:
@@ -274,17 +356,23 @@ def compare(name: str, path: str, args: argparse.Namespace, text: str) -> Row:
         except Exception as exc2:  # noqa: BLE001
             row.errors.append(f"tokenization: {_err(exc2)}")
         return row
-    steps = [("tokens", lambda: compare_tokenization(ours, ref)),
-             ("greedy", lambda: compare_greedy(ours, ref, args.tokens)),
-             ("chat", lambda: compare_chat(ours, ref, args.tokens))]
-    for attr, step in steps:
+    try:
+        row.tokens, notes = compare_tokenization(ours, ref)
+        row.notes += notes
+    except Exception as exc:  # noqa: BLE001
+        row.tokens = "error"
+        row.errors.append(f"tokens: {_err(exc)}")
+    alternatives = llama_cpp_alternatives(path, ref_ctx, args.threads)
+    for attr, step in [("greedy", compare_greedy), ("chat", compare_chat)]:
         try:
-            value, notes = step()
+            value, own, notes = step(ours, ref, alternatives, args.tokens)
             setattr(row, attr, value)
+            setattr(row, attr + "_self", own)
             row.notes += notes
         except Exception as exc:  # noqa: BLE001
             setattr(row, attr, "error")
             row.errors.append(f"{attr}: {_err(exc)}")
+    del alternatives
     try:
         result = perplexity(ours, text, args.n_ctx)
         row.ppl_ours = result.ppl
@@ -376,22 +464,51 @@ def print_row(row: Row) -> None:
     ppl = (f"ppl pyllm {row.ppl_ours:.4f}" if row.ppl_ours else "ppl pyllm -") + \
           (f", llama.cpp {row.ppl_ref:.4f}" if row.ppl_ref else ", llama.cpp -") + f" ({row.diff} %)" + \
           (f", exact weights {row.ppl_exact:.4f}" if row.ppl_exact else "")
-    print(f"{row.name}: tokens {row.tokens}, greedy {row.greedy}, chat {row.chat}, {ppl}", flush=True)
+    print(f"{row.name}: tokens {row.tokens}, greedy {row.greedy} (llama.cpp self {row.greedy_self}), "
+          f"chat {row.chat} (llama.cpp self {row.chat_self}), {ppl}", flush=True)
     for note in row.errors + row.notes:
         print(f"    {note}", flush=True)
 
 
+def _count(fraction: str) -> int | None:
+    """'12/64' -> 12; anything else (a dash, an error) -> None."""
+    head = fraction.split("/")[0]
+    return int(head) if head.isdigit() else None
+
+
+def verdict(r: Row) -> str:
+    """pass when every check holds: tokens all equal; greedy and chat identical, or at least as close to llama.cpp's
+    default run as llama.cpp's own alternatives are; perplexity within 0.5%."""
+    failed = []
+    tokens = r.tokens.split("/")
+    if len(tokens) != 2 or tokens[0] != tokens[1]:
+        failed.append("tokens")
+    ours, own = _count(r.greedy), _count(r.greedy_self)
+    if ours is None or own is None or ours < own:  # identical (n/n) is never below llama.cpp's own agreement
+        failed.append("greedy")
+    if r.chat not in ("yes", "-"):
+        ours_at = int(r.chat.split("@")[1])
+        own_at = int(r.chat_self.split("@")[1].split()[0]) if "@" in r.chat_self else None
+        if own_at is None or ours_at < own_at:
+            failed.append("chat")
+    if r.ppl_ours is None or r.ppl_ref is None or abs(r.ppl_ours / r.ppl_ref - 1) >= 0.005:
+        failed.append("ppl")
+    return "pass" if not failed else "FAIL " + ",".join(failed)
+
+
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
-    headers = ["model/variant", "tokens equal", f"greedy identical n/{args.tokens}", "chat identical",
-               "ppl pyllm", "ppl llama.cpp", "diff %"] + (["ppl exact weights"] if args.exact else []) + ["note"]
+    headers = ["model/variant", "tokens equal", f"greedy identical n/{args.tokens}", "llama.cpp self",
+               "chat identical", "llama.cpp self", "ppl pyllm", "ppl llama.cpp", "diff %"] + \
+        (["ppl exact weights"] if args.exact else []) + ["verdict", "note"]
     body = []
     for r in rows:
         exact = [f"{r.ppl_exact:.4f}" if r.ppl_exact else "-"] if args.exact else []
-        body.append([r.name, r.tokens, r.greedy, r.chat, f"{r.ppl_ours:.4f}" if r.ppl_ours else "-",
-                     f"{r.ppl_ref:.4f}" if r.ppl_ref else "-", r.diff, *exact, "; ".join(r.errors)])
+        body.append([r.name, r.tokens, r.greedy, r.greedy_self, r.chat, r.chat_self,
+                     f"{r.ppl_ours:.4f}" if r.ppl_ours else "-", f"{r.ppl_ref:.4f}" if r.ppl_ref else "-", r.diff,
+                     *exact, verdict(r), "; ".join(r.errors)])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
     print()
-    print(f"perplexity: n_ctx {args.n_ctx}, {'--text ' + args.text if args.text else 'the built-in prose'}")
+    print(f"perplexity: n_ctx {args.n_ctx}, {'--text ' + args.text if args.text else 'the default text'}")
     print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for b in body:
@@ -415,7 +532,7 @@ def main() -> None:
     if not args.models and not args.requantize:
         parser.error("give at least one MODEL, or --requantize")
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # quiet llama.cpp's own log
-    text = Path(args.text).read_text(encoding="utf-8") if args.text else PROSE
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
 
     started = time.perf_counter()
     rows = []

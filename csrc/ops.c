@@ -49,12 +49,22 @@ void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-/* y[i] = gelu_tanh(gate[i]) * up[i] */
-void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
+static float gelu_tanh(float x) {
     const float sqrt_2_over_pi = 0.79788456080286535588f, coef = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef * x * x)));
+}
+
+/* y[i] = gelu_tanh(gate[i]) * up[i], with gelu evaluated as ggml's CPU backend does (so the numbers are
+ * llama.cpp's): at the gate rounded to half precision, the result rounded to half precision; gates
+ * beyond +-10 take the asymptotes 0 and x. */
+void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
-        y[i] = 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + coef * g * g))) * up[i];
+        float act;
+        if (g <= -10.0f) act = 0.0f;
+        else if (g >= 10.0f) act = g;
+        else act = fp16_to_fp32(fp32_to_fp16(gelu_tanh(fp16_to_fp32(fp32_to_fp16(g)))));
+        y[i] = act * up[i];
     }
 }
 

@@ -308,3 +308,27 @@ def test_tier_selection() -> None:
     for tier in higher:
         with pytest.raises(KernelError, match="not available"):
             kernels.set_tier(tier)
+
+
+def test_gated_activations_match_ggml_rules() -> None:
+    """silu(g)·u exactly as float32 math; gelu(g)·u as ggml's CPU backend evaluates it (llama.cpp's numbers):
+    gelu_tanh at g rounded to half precision, the result rounded to half precision, asymptotes beyond ±10."""
+    rng = np.random.default_rng(7)
+    edges = [-10.5, -10.0, -9.99, 0.0, 9.99, 10.0, 12.0, -0.0]
+    gate = np.concatenate([rng.normal(0, 3, 5000), edges]).astype(np.float32)
+    up = rng.normal(0, 1, len(gate)).astype(np.float32)
+
+    g16 = gate.astype(np.float16).astype(np.float32)  # float32 math, as the C code and ggml do
+    inner = np.float32(np.sqrt(2 / np.pi)) * g16 * (np.float32(1) + np.float32(0.044715) * g16 * g16)
+    gelu = np.float32(0.5) * g16 * (np.float32(1) + np.tanh(inner))
+    act = np.where(gate <= -10, 0.0, np.where(gate >= 10, gate, gelu.astype(np.float16).astype(np.float32)))
+    want = act.astype(np.float32) * up
+    got = kernels.gated_activation(gate, up, "gelu")
+    # numpy's tanh and the C library's may differ by an ulp (magnified where 1 + tanh cancels), which can
+    # move a result by one half-precision step; the rest is exact
+    slack = np.abs(np.spacing(act.astype(np.float16)).astype(np.float32) * up) + np.abs(g16 * up) * 2.4e-7
+    assert np.all(np.abs(got - want) <= slack)
+    assert np.mean(got == want) > 0.95
+
+    silu = gate.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64))) * up
+    np.testing.assert_allclose(kernels.gated_activation(gate, up, "silu"), silu, rtol=1e-5, atol=1e-6)
