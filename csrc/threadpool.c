@@ -42,20 +42,17 @@ static struct {
     .done = PTHREAD_COND_INITIALIZER,
 };
 
-/* Wait until the generation differs from seen; return the new one. */
-static unsigned long wait_for_task(unsigned long seen) {
+/* Wait until the generation differs from seen. */
+static void wait_for_task(unsigned long seen) {
     for (int spin = 0; spin < SPIN_LIMIT; ++spin) {
-        const unsigned long now = atomic_load_explicit(&pool.generation, memory_order_acquire);
-        if (now != seen) return now;
+        if (atomic_load_explicit(&pool.generation, memory_order_acquire) != seen) return;
         cpu_relax();
     }
     pthread_mutex_lock(&pool.lock);
-    unsigned long now;
-    while ((now = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen) {
+    while (atomic_load_explicit(&pool.generation, memory_order_acquire) == seen) {
         pthread_cond_wait(&pool.start, &pool.lock);
     }
     pthread_mutex_unlock(&pool.lock);
-    return now;
 }
 
 static void *worker_main(void *arg) {
@@ -65,10 +62,17 @@ static void *worker_main(void *arg) {
     unsigned long seen = pool.born_at[ith];
     pthread_mutex_unlock(&pool.lock);
     for (;;) {
-        seen = wait_for_task(seen);
+        wait_for_task(seen);
+        /* Read the task and its generation together: a worker that sat out one task (ith >= nth) may
+         * wake only after the next was published, and must run that one once, as that generation's. */
+        pthread_mutex_lock(&pool.lock);
+        seen = atomic_load_explicit(&pool.generation, memory_order_relaxed);
+        const pool_task_fn fn = pool.fn;
+        void *const ctx = pool.ctx;
         const int nth = pool.nth;
+        pthread_mutex_unlock(&pool.lock);
         if (ith >= nth) continue;
-        pool.fn(pool.ctx, ith, nth);
+        fn(ctx, ith, nth);
         if (atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&pool.lock);
             pthread_cond_signal(&pool.done);

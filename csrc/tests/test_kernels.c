@@ -8,6 +8,7 @@
  * Prints "N passed, N failed" last.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -127,11 +128,45 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
 }
 
+/* The pool under rapidly changing team sizes: every task runs exactly once per member, and never
+ * after pyllm_pool_run has returned (a stale run would touch the next task's context). */
+typedef struct {
+    atomic_int runs;
+    atomic_int stale;
+    atomic_int open;
+} pool_probe;
+
+static void probe_task(void *arg, int ith, int nth) {
+    pool_probe *probe = arg;
+    (void)ith;
+    (void)nth;
+    if (!atomic_load(&probe->open)) atomic_fetch_add(&probe->stale, 1);
+    atomic_fetch_add(&probe->runs, 1);
+}
+
+static void test_pool_team_sizes(void) {
+    static pool_probe probes[2];
+    int bad_runs = 0, stale = 0, errors = 0;
+    for (int i = 0; i < 10000; ++i) {
+        pool_probe *probe = &probes[i % 2];
+        const int nth = 2 + (i * 7 + i / 3) % 3;  /* 2, 3, 4 in a shifting pattern: workers often sit out */
+        atomic_store(&probe->runs, 0);
+        atomic_store(&probe->open, 1);
+        errors += pyllm_pool_run(nth, probe_task, probe) != PYLLM_OK;
+        atomic_store(&probe->open, 0);
+        bad_runs += atomic_load(&probe->runs) != nth;
+        stale += atomic_exchange(&probes[(i + 1) % 2].stale, 0);
+    }
+    CHECK(bad_runs == 0 && stale == 0 && errors == 0,
+          "thread pool: %d tasks ran a wrong number of times, %d stale runs, %d errors", bad_runs, stale, errors);
+}
+
 int main(void) {
     printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
     test_tiers_agree();
     test_matmul_invariance();
     test_bad_arguments();
+    test_pool_team_sizes();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
