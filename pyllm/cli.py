@@ -187,6 +187,48 @@ def chat(model: str, system: str | None, stats: bool, temperature: float | None,
 
 
 @main.command()
+@click.argument("model", default=catalogue.DEFAULT_MODEL)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("-np", "--parallel", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Sequences decoded together; further requests queue.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests that may wait for a slot; beyond them the server answers 503.")
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True,
+              help="Context of each sequence, in tokens.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Most prompt tokens read per step, so running streams keep flowing during a long prompt.")
+@click.option("--cache-ram", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="MiB of finished sequences' KV kept for prompt-prefix reuse.")
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every request but /health.")
+@click.option("--alias", default=None, help="Model name clients use (default: the file's name).")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+              help="Threads (default: all physical cores).")
+def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx: int, prefill_chunk: int,
+          cache_ram: int, api_key: str | None, alias: str | None, threads: int | None) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (default: the catalogue's default chat model).
+
+    Endpoints: POST /v1/completions, /v1/chat/completions (stream: true for server-sent events),
+    GET /v1/models, /health, /metrics; POST /tokenize, /detokenize.
+    """
+    import uvicorn
+
+    from .llama import Llama
+    from .server import create_app
+
+    try:
+        llm = Llama(str(catalogue.resolve(model)), n_ctx=n_ctx, n_threads=threads, n_parallel=parallel,
+                    max_queued=max_queue, prefill_chunk=prefill_chunk, cache_bytes=cache_ram << 20)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    name = alias or Path(llm.model_path).stem
+    app = create_app(llm, model_name=name, api_key=api_key)
+    click.echo(f"pyllm serve: {name} on http://{host}:{port}/v1 ({parallel} parallel sequences of {n_ctx} "
+               f"tokens{', API key required' if api_key else ''})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@main.command()
 @click.argument("model")
 @click.argument("text")
 @click.option("--no-bos", is_flag=True, help="Do not add the BOS token.")

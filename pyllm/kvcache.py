@@ -57,6 +57,23 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
 
+    def bytes_per_token(self) -> int:
+        """Cache bytes one more token of the sequence occupies (ring layers are bounded, not counted)."""
+        return sum(layer.k[0].nbytes + layer.v[0].nbytes for layer in self.layers if not layer.ring)
+
+    def copy_prefix(self, n_tokens: int) -> KVCache:
+        """A new cache holding this one's first n_tokens (fewer, possibly 0, where a ring has moved on)."""
+        copy = KVCache(self.config, self.n_ctx, self.max_batch)
+        n_tokens = min(n_tokens, self.n_used)
+        for mine, theirs in zip(self.layers, copy.layers, strict=True):
+            n_slots = mine.capacity if mine.ring else n_tokens  # a ring's slots are spread over all of it
+            theirs.k[:n_slots] = mine.k[:n_slots]
+            theirs.v[:n_slots] = mine.v[:n_slots]
+            theirs.positions[:n_slots] = mine.positions[:n_slots]
+        copy.n_used = self.n_used
+        copy.truncate(n_tokens)  # forgets the slots past n_tokens (and all, where a ring lost the window)
+        return copy
+
     def slots(self, layer: LayerCache, positions: np.ndarray) -> np.ndarray:
         return positions % layer.capacity if layer.ring else positions
 

@@ -4,9 +4,11 @@
     llm = Llama()                                  # the default catalogue model
     llm.create_chat_completion([{"role": "user", "content": "Hi!"}])["choices"][0]["message"]["content"]
 
-One Llama holds one model and one KV cache. A new prompt reuses the cached
-prefix it shares with the previous one (a chat's earlier turns), so only the
-new tokens are computed.
+One Llama holds one model and an engine (pyllm.engine) that runs its
+generations: up to n_parallel at once, batched, from any number of threads. A
+new prompt continues from the longest prefix of it that the prefix cache holds
+(a chat's earlier turns, a shared system prompt), so only the new tokens are
+computed; `usage.prompt_tokens_details.cached_tokens` says how many were reused.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,33 @@ import numpy as np
 
 from . import catalogue
 from .chat_template import render_chat
+from .engine import Engine, Request, Step
 from .gguf import GGUFFile
-from .kvcache import KVCache
 from .model import ContextFullError, Model
-from .sampling import Sampler, SamplingParams
+from .sampling import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
 
-@dataclass
-class _Step:
-    """One generated token, as the completion loop reports it."""
-    token: int
-    text: bytes
-    logprob: float | None
-    top_logprobs: dict[str, float] | None
+class CompletionStream(Iterator[dict[str, Any]]):
+    """The chunks of a streamed completion. `cancel()` (from any thread) stops the generation at the
+    engine's next step; the iteration then ends."""
+
+    def __init__(self, chunks: Iterator[dict[str, Any]], request: Request) -> None:
+        self._chunks = chunks
+        self.request = request
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._chunks)
+
+    def cancel(self) -> None:
+        self.request.cancel()
+
+    def close(self) -> None:
+        """Stop and let go (from the iterating thread)."""
+        self.request.cancel()
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
@@ -52,7 +66,8 @@ def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
 class Llama:
     def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, seed: int | None = None, vocab_only: bool = False,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, n_parallel: int = 1, max_queued: int = 64, prefill_chunk: int = 512,
+                 cache_bytes: int = 1 << 30) -> None:
         if n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0, not {n_ctx}")
         if n_threads is not None and n_threads < 1:
@@ -68,8 +83,11 @@ class Llama:
         self.model: Model | None = None if vocab_only else Model(self._file, n_threads=n_threads)
         train_ctx = int(self._file.get(f"{self._file.get('general.architecture')}.context_length", 2048))
         self.n_ctx = n_ctx or train_ctx
-        self._cache: KVCache | None = None
-        self._cached_tokens: list[int] = []
+        self.n_parallel = n_parallel
+        self.max_queued = max_queued
+        self.prefill_chunk = prefill_chunk
+        self.cache_bytes = cache_bytes
+        self._engine: Engine | None = None
 
     @classmethod
     def from_catalogue(cls, name: str = catalogue.DEFAULT_MODEL, **kwargs: Any) -> Llama:
@@ -111,63 +129,30 @@ class Llama:
             raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
         return model.forward(tokens, model.new_cache(self.n_ctx), logits="all")
 
-    def _prefill(self, tokens: list[int]) -> np.ndarray:
-        """Bring the cache to `tokens` (reusing the shared prefix) and return the last token's logits."""
-        model = self._require_model()
-        if self._cache is None:
-            self._cache = model.new_cache(self.n_ctx)
-        shared = 0
-        for a, b in zip(self._cached_tokens, tokens, strict=False):
-            if a != b:
-                break
-            shared += 1
-        shared = min(shared, len(tokens) - 1)  # recompute at least the last token for its logits
-        shared = self._cache.truncate(shared)
-        self._cached_tokens = self._cached_tokens[:shared]
-        logits = model.forward(tokens[shared:], self._cache)
-        self._cached_tokens = list(tokens)
-        return logits
+    @property
+    def engine(self) -> Engine:
+        """The scheduler that runs this Llama's generations (started on first use)."""
+        if self._engine is None:
+            self._engine = Engine(self._require_model(), self.tokenizer, self.n_ctx, n_parallel=self.n_parallel,
+                                  max_queued=self.max_queued, prefill_chunk=self.prefill_chunk,
+                                  cache_bytes=self.cache_bytes)
+            if self.verbose:
+                print(f"pyllm: engine with {self.n_parallel} sequence slot(s) of {self.n_ctx} tokens")
+        return self._engine
 
-    def _context_shift(self, prompt: list[int]) -> None:
-        """The context is full: keep the BOS (if any), drop the older half of the rest, go on."""
-        assert self._cache is not None
-        n_keep = 1 if prompt and prompt[0] == self.tokenizer.bos_id else 0
-        n_discard = (self._cache.n_used - n_keep) // 2
-        self._cache.shift(n_keep, n_discard)
-        if self.verbose:
-            print(f"pyllm: context full, dropped {n_discard} tokens after the first {n_keep}")
-        # the shifted cache is not what a fresh prompt would compute: no prefix reuse from it
-        self._cached_tokens = [-1] * self._cache.n_used
-
-    def _decode_one(self, token: int) -> np.ndarray:
-        assert self._cache is not None and self.model is not None
-        logits = self.model.forward([token], self._cache)
-        self._cached_tokens.append(token)
-        return logits
+    def submit(self, tokens: list[int], params: SamplingParams, max_tokens: int,
+               n_logprobs: int | None = None) -> Request:
+        """Start generating up to max_tokens tokens after `tokens` (stopping at an end-of-generation token);
+        iterate the returned Request for its Steps."""
+        return self.engine.submit(list(tokens), params, max_tokens, n_logprobs)
 
     def generate(self, tokens: list[int], params: SamplingParams, max_tokens: int,
-                 n_logprobs: int | None = None) -> Iterator[_Step]:
-        """Sample up to max_tokens tokens after `tokens`, stopping at an end-of-generation token."""
-        if not tokens:
-            raise ValueError("the prompt is empty: give at least one token")
-        if len(tokens) >= self.n_ctx:
-            raise ContextFullError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx}")
-        sampler = Sampler(params)
-        history = list(tokens)
-        logits = self._prefill(tokens)
-        for _ in range(max_tokens):
-            token = sampler.sample(logits, history)
-            logprob, top = None, None
-            if n_logprobs is not None:
-                logprob, top_ids = sampler.logprobs(logits, token, n_logprobs)
-                top = {self.tokenizer.token_to_piece(t).decode("utf-8", "replace"): lp for t, lp in top_ids.items()}
-            if self.tokenizer.is_eog(token):
-                return
-            yield _Step(token, self.tokenizer.token_to_piece(token), logprob, top)
-            history.append(token)
-            if self._cache is not None and self._cache.n_used >= self.n_ctx:
-                self._context_shift(tokens)
-            logits = self._decode_one(token)
+                 n_logprobs: int | None = None) -> Iterator[Step]:
+        request = self.submit(tokens, params, max_tokens, n_logprobs)
+        try:
+            yield from request
+        finally:
+            request.cancel()
 
     # ---- completions ------------------------------------------------------------
 
@@ -180,19 +165,21 @@ class Llama:
                               presence_penalty=presence_penalty, logit_bias=bias or None,
                               seed=self.seed if seed is None else seed, typical_p=typical_p)
 
-    def _run_completion(self, prompt_tokens: list[int], *, max_tokens: int | None, stop: list[str],
-                        params: SamplingParams,
-                        n_logprobs: int | None) -> Iterator[tuple[str, _Step | None, str | None]]:
+    def _run_completion(self, request: Request, stop: list[str]) -> Iterator[tuple[str, Step | None, str | None]]:
         """Yields (text delta, step, finish_reason); the last item carries the finish reason.
 
         Text is held back while it could still become a stop string, and never split inside a character.
+        Leaving the loop early (a closed stream, Ctrl-C) cancels the request.
         """
-        limit = self.n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
+        try:
+            yield from self._completion_text(request, stop)
+        finally:
+            request.cancel()
+
+    def _completion_text(self, request: Request, stop: list[str]) -> Iterator[tuple[str, Step | None, str | None]]:
         decoder = StreamDecoder(self.tokenizer, continuation=True)  # the text as generated, no clean-up
         pending = ""
-        n_generated = 0
-        for step in self.generate(prompt_tokens, params, limit, n_logprobs):
-            n_generated += 1
+        for step in request:
             pending += decoder.feed(step.token)
             hit = min((pending.find(s) for s in stop if s and s in pending), default=-1)
             if hit >= 0:
@@ -203,8 +190,7 @@ class Llama:
             yield pending[:safe], step, None
             pending = pending[safe:]
         pending += decoder.flush()
-        finish = "length" if n_generated >= limit else "stop"
-        yield pending, None, finish
+        yield pending, None, "length" if request.finish_reason == "length" else "stop"
 
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
@@ -212,7 +198,7 @@ class Llama:
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: int | None = None, logit_bias: dict | None = None,
-                          model: str | None = None) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                          model: str | None = None) -> dict[str, Any] | CompletionStream:
         """Complete a prompt (text, where special-token text becomes those tokens, or token ids)."""
         if suffix is not None:
             raise ValueError("suffix (fill-in-the-middle) is not supported")
@@ -227,14 +213,15 @@ class Llama:
         created = int(time.time())
         model_name = model or self.model_path
         prompt_text = self.detokenize(prompt_tokens).decode("utf-8", "replace") if echo else ""
-        events = self._run_completion(prompt_tokens, max_tokens=max_tokens, stop=stops, params=params,
-                                      n_logprobs=logprobs)
+        limit = self.n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
+        request = self.submit(prompt_tokens, params, limit, logprobs)
+        events = self._run_completion(request, stops)
 
         def chunk(text: str, finish: str | None, lp: dict | None) -> dict[str, Any]:
             return {"id": completion_id, "object": "text_completion", "created": created, "model": model_name,
                     "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
 
-        def step_logprobs(step: _Step | None, text: str) -> dict | None:
+        def step_logprobs(step: Step | None, text: str) -> dict | None:
             if logprobs is None or step is None:
                 return None
             return {"tokens": [text], "text_offset": [0], "token_logprobs": [step.logprob],
@@ -247,7 +234,7 @@ class Llama:
                 for text, step, finish in events:
                     if text or finish:
                         yield chunk(text, finish, step_logprobs(step, text))
-            return streamer()
+            return CompletionStream(streamer(), request)
 
         texts, tokens_lp, top_lp, finish = [], [], [], "stop"
         n_completion = 0
@@ -262,10 +249,11 @@ class Llama:
         if logprobs is not None:
             result["choices"][0]["logprobs"] = {"token_logprobs": tokens_lp, "top_logprobs": top_lp}
         result["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_completion,
-                           "total_tokens": len(prompt_tokens) + n_completion}
+                           "total_tokens": len(prompt_tokens) + n_completion,
+                           "prompt_tokens_details": {"cached_tokens": request.n_cached}}
         return result
 
-    def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+    def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | CompletionStream:
         return self.create_completion(prompt, **kwargs)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -283,17 +271,16 @@ class Llama:
                                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
                                logit_bias: dict | None = None, logprobs: bool = False,
                                top_logprobs: int | None = None,
-                               model: str | None = None) -> dict[str, Any] | Iterator[dict[str, Any]]:
+                               model: str | None = None) -> dict[str, Any] | CompletionStream:
         """Chat through the file's template (or the family's built-in one)."""
-        prompt = self.apply_chat_template(messages)
-        prompt_tokens = self.tokenize(prompt.encode("utf-8"), add_bos=not self._starts_with_bos(prompt), special=True)
+        prompt_tokens = self.tokenize_chat(messages)
         result = self.create_completion(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                         min_p=min_p, typical_p=typical_p, stop=stop, stream=stream, seed=seed,
                                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                         repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
                                         logprobs=(top_logprobs or 0) if logprobs else None, model=model)
-        if stream:
-            return self._chat_stream(result)  # type: ignore[arg-type]
+        if isinstance(result, CompletionStream):
+            return CompletionStream(self._chat_stream(result), result.request)
         assert isinstance(result, dict)
         choice = result["choices"][0]
         return {"id": "chat" + result["id"], "object": "chat.completion", "created": result["created"],
@@ -302,9 +289,13 @@ class Llama:
                              "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]}],
                 "usage": result["usage"]}
 
-    def _starts_with_bos(self, prompt: str) -> bool:
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt tokens of a chat: its template rendered, special-token text as those tokens, BOS added
+        unless the template wrote it."""
+        prompt = self.apply_chat_template(messages)
         tok = self.tokenizer
-        return tok.bos_id is not None and tok.bos_id >= 0 and prompt.startswith(tok.token_text(tok.bos_id))
+        has_bos = tok.bos_id is not None and tok.bos_id >= 0 and prompt.startswith(tok.token_text(tok.bos_id))
+        return self.tokenize(prompt.encode("utf-8"), add_bos=not has_bos, special=True)
 
     @staticmethod
     def _chat_stream(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -322,14 +313,15 @@ class Llama:
                                         "finish_reason": choice["finish_reason"]}]}
 
     def reset(self) -> None:
-        """Forget the cached prompt."""
-        self._cached_tokens = []
-        if self._cache is not None:
-            self._cache.clear()
+        """Forget the cached prompts."""
+        if self._engine is not None:
+            self._engine.prefix_cache.clear()
 
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         self.model = None
-        self._cache = None
         self._file.close()
 
     def __enter__(self) -> Llama:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -26,7 +25,8 @@ def test_greedy_completion_matches_llama_cpp(llm: Llama) -> None:
     assert out["object"] == "text_completion"
     assert out["choices"][0]["text"] == " Paris.\n\n"
     assert out["choices"][0]["finish_reason"] == "length"
-    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_chat_prompt_tokens_and_first_words_match_llama_cpp(llm: Llama) -> None:
@@ -62,14 +62,21 @@ def test_seeded_sampling_is_reproducible(llm: Llama) -> None:
     assert a["choices"][0]["text"] == b["choices"][0]["text"]
 
 
-def test_logits_match_the_cached_prefill_path(llm: Llama) -> None:
+def test_a_cached_prefix_gives_the_same_answer_as_a_fresh_start(llm: Llama, smollm2_path) -> None:
     tokens = llm.tokenize(b"Hello there, how are you")
     all_logits = llm.logits(tokens)
     assert all_logits.shape == (len(tokens), llm.n_vocab())
-    llm.create_completion(tokens, max_tokens=1, temperature=0)  # caches the prompt
-    again = llm._prefill(tokens + [tokens[-1]])                  # reuses the cached prefix
-    alone = llm.logits(tokens + [tokens[-1]])[-1]
-    np.testing.assert_array_equal(again.view(np.uint32), alone.view(np.uint32))
+    llm.reset()
+    first = llm.create_completion(tokens, max_tokens=2, temperature=0)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    longer = tokens + [tokens[-1], tokens[1]]
+    again = llm.create_completion(longer, max_tokens=4, temperature=0, logprobs=3)  # continues the cached prompt
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == len(tokens)
+    fresh = Llama(str(smollm2_path), n_ctx=256, n_threads=2).create_completion(longer, max_tokens=4, temperature=0,
+                                                                               logprobs=3)
+    assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["choices"][0]["text"] == fresh["choices"][0]["text"]
+    assert again["choices"][0]["logprobs"] == fresh["choices"][0]["logprobs"]  # the same floats, bit for bit
 
 
 def test_bad_inputs_raise_clear_errors(llm: Llama) -> None:
@@ -115,7 +122,7 @@ def test_generation_continues_past_the_context_by_shifting(smollm2_path) -> None
     out = small.create_completion("Once upon a time", max_tokens=3 * 64, temperature=0.8, seed=3, logit_bias=no_end)
     assert out["usage"]["completion_tokens"] == 3 * 64
     assert out["choices"][0]["finish_reason"] == "length"
-    assert small._cache is not None and small._cache.n_used <= 64
+    assert len(small.engine.prefix_cache) == 0  # a shifted cache is no prompt's prefix: not kept for reuse
 
 
 def test_bench_prints_llama_bench_records(smollm2_path) -> None:

@@ -1,0 +1,286 @@
+"""The engine: one scheduler thread owns the model and runs every sequence (continuous batching).
+
+    engine = Engine(model, tokenizer, n_ctx=2048, n_parallel=4)
+    request = engine.submit(prompt_tokens, SamplingParams(temperature=0), max_tokens=64)
+    for step in request:              # Steps as they are sampled; request.finish_reason at the end
+        ...
+
+Requests wait in a bounded queue and join the running batch between steps, up to n_parallel at a
+time. Each step is one forward pass over:
+
+- one decode row for every sequence that is generating, and
+- up to `prefill_chunk` prompt rows of sequences still reading their prompts (oldest first),
+
+so a long prompt is read a chunk per step and never freezes the streams already running. A
+sequence's logits are bit-identical whatever else shares its batch (see Model.forward_batch), so
+batching never changes an answer. A new request starts from the longest prefix of its prompt that
+the prefix cache holds; a finished one leaves its cache there. When a sequence's context is full,
+the older half after the first token is dropped and generation goes on (context shift).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kvcache import KVCache
+from .metrics import Metrics
+from .model import ContextFullError, Model
+from .prefix_cache import PrefixCache
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the engine queues."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was shut down."""
+
+
+@dataclass
+class Step:
+    """One generated token."""
+    token: int
+    text: bytes                                # the token's piece
+    logprob: float | None = None
+    top_logprobs: dict[str, float] | None = None
+
+
+_FINISHED = object()
+
+
+class Request:
+    """A submitted generation: iterate it for its Steps. Thread-safe to cancel from anywhere."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None) -> None:
+        self.prompt = prompt
+        self.params = params
+        self.max_tokens = max_tokens
+        self.n_logprobs = n_logprobs
+        self.n_cached = 0                       # prompt tokens that came from the prefix cache
+        self.n_generated = 0
+        self.finish_reason: str | None = None   # "stop" | "length" | "cancelled"
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop generating; the engine frees the sequence at its next step."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def __iter__(self) -> Iterator[Step]:
+        while True:
+            event = self._events.get()
+            if event is _FINISHED:
+                return
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+
+
+@dataclass
+class _Sequence:
+    request: Request
+    cache: KVCache
+    fed: list[int]                 # the tokens whose keys and values the cache holds
+    pending: list[int]             # prompt tokens not yet run
+    sampler: Sampler
+    history: list[int]             # prompt + generated, for the penalties
+    next_token: int | None = None  # sampled, to be run in the next step
+    shifted: bool = False          # the cache no longer holds a plain prefix of `fed`
+    last_token_at: float = 0.0
+
+
+class Engine:
+    def __init__(self, model: Model, tokenizer: Tokenizer, n_ctx: int, *, n_parallel: int = 4,
+                 max_queued: int = 64, prefill_chunk: int = 256, cache_bytes: int = 1 << 30,
+                 metrics: Metrics | None = None) -> None:
+        if n_parallel < 1:
+            raise ValueError(f"n_parallel must be >= 1, not {n_parallel}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, not {prefill_chunk}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.n_parallel = n_parallel
+        self.max_queued = max_queued
+        self.prefill_chunk = prefill_chunk
+        self.prefix_cache = PrefixCache(model, n_ctx, max_batch=prefill_chunk, max_bytes=cache_bytes)
+        self.metrics = metrics or Metrics()
+        self._waiting: deque[Request] = deque()
+        self._active: list[_Sequence] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="pyllm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- the public side (any thread) ------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params: SamplingParams, max_tokens: int,
+               n_logprobs: int | None = None) -> Request:
+        """Queue a generation of up to max_tokens tokens after `prompt`."""
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(prompt) >= self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens; the context holds {self.n_ctx}")
+        n_vocab = self.model.n_vocab
+        if min(prompt) < 0 or max(prompt) >= n_vocab:
+            raise ValueError(f"prompt token id out of range [0, {n_vocab})")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+        request = Request(list(prompt), params, max_tokens, n_logprobs)
+        with self._wake:
+            if self._closed:
+                raise EngineClosedError("the engine is shut down")
+            if len(self._waiting) >= self.max_queued:
+                raise QueueFullError(f"{len(self._waiting)} requests are already waiting; try again later")
+            self._waiting.append(request)
+            self.metrics.requests_queued.set(len(self._waiting))
+            self._wake.notify()
+        return request
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def n_active(self) -> int:
+        return len(self._active)
+
+    def close(self) -> None:
+        """Stop the scheduler; unfinished requests end with an EngineClosedError."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # ---- the scheduler thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not self._active:
+                    self._wake.wait()
+                if self._closed:
+                    break
+                self._admit()
+            self._drop_cancelled()
+            if self._active:
+                self._step()
+        error = EngineClosedError("the engine is shut down")
+        for seq in self._active:
+            seq.request._events.put(error)
+        for request in self._waiting:
+            request._events.put(error)
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots (called with the lock held)."""
+        while self._waiting and len(self._active) < self.n_parallel:
+            request = self._waiting.popleft()
+            if request.cancelled:
+                self._finish_request(request, "cancelled")
+                continue
+            cache, n_cached = self.prefix_cache.acquire(request.prompt)
+            request.n_cached = n_cached
+            self.metrics.prompt_tokens.inc(len(request.prompt))
+            self.metrics.cached_prompt_tokens.inc(n_cached)
+            if n_cached:
+                self.metrics.prefix_cache_hits.inc()
+            self._active.append(_Sequence(request, cache, request.prompt[:n_cached], request.prompt[n_cached:],
+                                          Sampler(request.params), list(request.prompt)))
+        self.metrics.requests_queued.set(len(self._waiting))
+        self.metrics.sequences_active.set(len(self._active))
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._active if s.request.cancelled]:
+            self._finish(seq, "cancelled")
+
+    def _step(self) -> None:
+        batch, members = [], []
+        budget = self.prefill_chunk
+        for seq in self._active:
+            if seq.pending:
+                if budget == 0:
+                    continue
+                chunk = seq.pending[:budget]
+                budget -= len(chunk)
+                mode = "last" if len(chunk) == len(seq.pending) else "none"
+            else:
+                if seq.cache.n_used >= self.n_ctx:
+                    self._shift(seq)
+                chunk, mode = [seq.next_token], "last"
+            batch.append((chunk, seq.cache, mode))
+            members.append((seq, chunk))
+        try:
+            results = self.model.forward_batch(batch)
+        except Exception as exc:  # noqa: BLE001 - the requests get the error, the engine goes on
+            for seq, _ in members:
+                self._active.remove(seq)
+                seq.request._events.put(exc)
+            return
+        now = time.perf_counter()
+        for (seq, chunk), logits in zip(members, results, strict=True):
+            seq.fed.extend(chunk)
+            if seq.pending:
+                seq.pending = seq.pending[len(chunk):]
+            if logits is not None:
+                self._sample(seq, logits, now)
+
+    def _sample(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
+        request = seq.request
+        token = seq.sampler.sample(logits, seq.history)
+        if self.tokenizer.is_eog(token):
+            self._finish(seq, "stop")
+            return
+        step = Step(token, self.tokenizer.token_to_piece(token))
+        if request.n_logprobs is not None:
+            step.logprob, top_ids = seq.sampler.logprobs(logits, token, request.n_logprobs)
+            step.top_logprobs = {self.tokenizer.token_to_piece(t).decode("utf-8", "replace"): lp
+                                 for t, lp in top_ids.items()}
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.metrics.ttft.observe(now - request.submitted_at)
+        else:
+            self.metrics.tpot.observe(now - seq.last_token_at)
+        seq.last_token_at = now
+        request.n_generated += 1
+        self.metrics.generation_tokens.inc()
+        request._events.put(step)
+        seq.history.append(token)
+        seq.next_token = token
+        if request.n_generated >= request.max_tokens:
+            self._finish(seq, "length")
+
+    def _shift(self, seq: _Sequence) -> None:
+        """The context is full: keep the BOS (if any), drop the older half of the rest."""
+        n_keep = 1 if seq.fed and seq.fed[0] == self.tokenizer.bos_id else 0
+        n_discard = (seq.cache.n_used - n_keep) // 2
+        seq.cache.shift(n_keep, n_discard)
+        seq.fed = seq.fed[:n_keep] + seq.fed[n_keep + n_discard:]
+        seq.shifted = True  # keys were re-rotated: not what a fresh prompt computes, so not for reuse
+
+    def _finish(self, seq: _Sequence, reason: str) -> None:
+        self._active.remove(seq)
+        self.metrics.sequences_active.set(len(self._active))
+        if not seq.shifted:
+            self.prefix_cache.release(seq.cache, seq.fed)
+        self._finish_request(seq.request, reason)
+
+    def _finish_request(self, request: Request, reason: str) -> None:
+        request.finish_reason = reason
+        self.metrics.requests_finished.inc(label=reason)
+        request._events.put(_FINISHED)

@@ -1,0 +1,110 @@
+"""Prefix cache: finished sequences' KV caches, kept so that a later prompt that starts with the same
+tokens (a system prompt, a chat's earlier turns) continues from them instead of recomputing them.
+
+    cache, n_cached = prefixes.acquire(prompt)   # a cache holding the longest cached prefix of prompt
+    ...                                          # run prompt[n_cached:] and generate
+    prefixes.release(cache, tokens_in_cache)     # keep it for the next prompt
+
+An entry wholly contained in the new prompt (the previous turn of the same chat) is handed over
+as it is; one that shares only a part (the same system prompt, another question) is copied up to
+the shared length, so it stays available to others. Entries are evicted least recently used first
+once their tokens' bytes pass `max_bytes`. Reuse never changes a result: a token's logits are
+bit-identical with or without it (attention reads the cache in one fixed order).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .kvcache import KVCache
+from .model import Model
+
+
+@dataclass
+class _Entry:
+    tokens: list[int]     # the ids whose keys and values the cache holds, in order
+    cache: KVCache
+    last_used: int
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PrefixCache:
+    def __init__(self, model: Model, n_ctx: int, max_batch: int = 512, max_bytes: int = 1 << 30) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.max_batch = max_batch
+        self.max_bytes = max_bytes
+        self._entries: list[_Entry] = []
+        self._clock = 0
+        self._lock = threading.Lock()
+        self.hits = 0          # acquisitions that reused at least one token
+        self.lookups = 0
+        self.tokens_reused = 0
+
+    def new_cache(self) -> KVCache:
+        return self.model.new_cache(self.n_ctx, self.max_batch)
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(self._entry_bytes(e) for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _entry_bytes(self, entry: _Entry) -> int:
+        return len(entry.tokens) * entry.cache.bytes_per_token()
+
+    def acquire(self, prompt: list[int]) -> tuple[KVCache, int]:
+        """(a cache for `prompt`, how many of its leading tokens the cache already holds).
+
+        At most len(prompt) - 1 tokens come from cache: the last one is always run, for its logits.
+        """
+        limit = len(prompt) - 1
+        with self._lock:
+            self.lookups += 1
+            best, best_n = None, 0
+            for entry in self._entries:
+                n = min(shared_prefix(entry.tokens, prompt), limit)
+                if n > best_n:
+                    best, best_n = entry, n
+            if best is None:
+                return self.new_cache(), 0
+            self._clock += 1
+            best.last_used = self._clock
+            if best_n == len(best.tokens):       # the whole entry continues into this prompt: take it
+                self._entries.remove(best)
+                cache = best.cache
+                n_cached = cache.truncate(best_n)
+            else:                                # a shared part only: copy it, keep the entry for others
+                cache = best.cache.copy_prefix(best_n)
+                n_cached = cache.n_used
+            if n_cached:
+                self.hits += 1
+                self.tokens_reused += n_cached
+            return cache, n_cached
+
+    def release(self, cache: KVCache, tokens: list[int]) -> None:
+        """Keep `cache`, which holds the keys and values of `tokens`, for later prompts."""
+        if cache.n_used != len(tokens) or not tokens:
+            return  # not a plain prefix (e.g. after a context shift): nothing reusable
+        with self._lock:
+            self._clock += 1
+            # an entry this one extends is superseded by it
+            self._entries = [e for e in self._entries
+                             if not (len(e.tokens) <= len(tokens) and tokens[:len(e.tokens)] == e.tokens)]
+            self._entries.append(_Entry(list(tokens), cache, self._clock))
+            while self._entries and self.n_bytes > self.max_bytes:
+                self._entries.remove(min(self._entries, key=lambda e: e.last_used))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

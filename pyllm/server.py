@@ -1,0 +1,305 @@
+"""An OpenAI-compatible HTTP server over one model (`pyllm serve`).
+
+    POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events ending in [DONE])
+    GET  /v1/models, /health, /metrics           (metrics in the Prometheus text format)
+    POST /tokenize, /detokenize                  (llama-server's shapes)
+
+Requests run on the Llama's engine: up to --parallel sequences decode together in one batch, the
+rest queue (and beyond the queue get 503). Answers do not depend on what else is running. Every bad
+request gets a 4xx with an OpenAI-style JSON error naming the field:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .engine import EngineClosedError, QueueFullError
+from .llama import CompletionStream, Llama
+from .model import ContextFullError
+from .sampling import SamplingError
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def _error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# ---- request bodies ---------------------------------------------------------------------------------
+
+
+class _Sampling(BaseModel):
+    """The sampling fields both endpoints take (llama-server's defaults where OpenAI's differ)."""
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, bool] | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    user: str | None = None
+
+
+class CompletionBody(_Sampling):
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = Field(16, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: None = None
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+
+class ChatBody(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class TokenizeBody(BaseModel):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+
+
+class DetokenizeBody(BaseModel):
+    tokens: list[int]
+
+
+# ---- the app ------------------------------------------------------------------------------------------
+
+
+async def parse(request: Request, model: type[_Body]) -> _Body:
+    """The JSON body as `model` (whatever the Content-Type says, as llama-server does), or a 400 naming the field."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param) from exc
+
+
+def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name`."""
+    app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = llm.engine.metrics
+    started = int(time.time())
+
+    @app.middleware("http")
+    async def authenticate_and_count(request: Request, call_next):
+        if api_key is not None and request.url.path != "/health":
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                response = JSONResponse(_error_body("Invalid or missing API key: send 'Authorization: Bearer KEY'",
+                                                    "invalid_request_error", None, "invalid_api_key"),
+                                        status_code=401)
+                metrics.http_requests.inc(label="401")
+                return response
+        response = await call_next(request)
+        metrics.http_requests.inc(label=str(response.status_code))
+        return response
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(_error_body(str(exc.detail), "invalid_request_error", None, None),
+                            status_code=exc.status_code)
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in (model_name, "default"):
+            raise APIError(404, f"the model {name!r} does not exist; this server has {model_name!r}", "model",
+                           "model_not_found")
+
+    def budget(n_prompt: int, max_tokens: int | None, param: str) -> int:
+        """The number of tokens to generate, checked against the context."""
+        if n_prompt == 0:
+            raise APIError(400, "the prompt is empty", param)
+        if n_prompt >= llm.n_ctx:
+            raise APIError(400, f"the prompt has {n_prompt} tokens; the context holds {llm.n_ctx}", param,
+                           "context_length_exceeded")
+        room = llm.n_ctx - n_prompt
+        if max_tokens is None or max_tokens == 0:
+            return room
+        if max_tokens > room:
+            raise APIError(400, f"max_tokens {max_tokens} + {n_prompt} prompt tokens exceed the context of "
+                                f"{llm.n_ctx}", "max_tokens", "context_length_exceeded")
+        return max_tokens
+
+    def sampling_kwargs(body: _Sampling) -> dict[str, Any]:
+        return {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "min_p": body.min_p,
+                "typical_p": body.typical_p, "repeat_penalty": body.repeat_penalty,
+                "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
+                "logit_bias": body.logit_bias, "seed": body.seed, "stop": body.stop, "model": model_name}
+
+    async def run(call) -> dict[str, Any] | CompletionStream:
+        """Start a completion in a worker thread, turning the engine's refusals into HTTP errors."""
+        try:
+            return await run_in_threadpool(call)
+        except QueueFullError as exc:
+            raise APIError(503, f"server busy: {exc}", None, "server_busy", "server_error") from exc
+        except EngineClosedError as exc:
+            raise APIError(503, str(exc), None, "shutting_down", "server_error") from exc
+        except SamplingError as exc:
+            raise APIError(400, str(exc), str(exc).split()[0]) from exc
+        except ContextFullError as exc:
+            raise APIError(400, str(exc), None, "context_length_exceeded") from exc
+
+    def respond(result: dict[str, Any] | CompletionStream, include_usage: bool, n_prompt: int):
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return _EventStream(result, _sse(result, include_usage, n_prompt))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionBody)
+        check_model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: one prompt per request (a string, or a list of one string)", "prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and any(not 0 <= t < llm.n_vocab() for t in prompt):
+            raise APIError(400, f"prompt: token ids must be in [0, {llm.n_vocab()})", "prompt")
+        tokens = (llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True) if isinstance(prompt, str)
+                  else list(prompt))
+        max_tokens = budget(len(tokens), body.max_tokens, "prompt")
+        result = await run(lambda: llm.create_completion(tokens, max_tokens=max_tokens, logprobs=body.logprobs,
+                                                         echo=body.echo, stream=body.stream,
+                                                         **sampling_kwargs(body)))
+        return respond(result, bool((body.stream_options or {}).get("include_usage")), len(tokens))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, ChatBody)
+        check_model(body.model)
+        messages = [{"role": "system" if m.role == "developer" else m.role,
+                     "content": m.content if isinstance(m.content, str) or m.content is None
+                     else "".join(part.text for part in m.content)} for m in body.messages]
+        try:
+            tokens = llm.tokenize_chat(messages)
+        except ValueError as exc:
+            raise APIError(400, f"messages: {exc}", "messages") from exc
+        max_tokens = budget(len(tokens), body.max_completion_tokens or body.max_tokens, "messages")
+        result = await run(lambda: llm.create_chat_completion(
+            messages, max_tokens=max_tokens, stream=body.stream, logprobs=body.logprobs,
+            top_logprobs=body.top_logprobs, **sampling_kwargs(body)))
+        return respond(result, bool((body.stream_options or {}).get("include_usage")), len(tokens))
+
+    @app.get("/v1/models")
+    async def models():
+        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab(), "n_parallel": llm.n_parallel,
+                "architecture": llm.metadata.get("general.architecture")}
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
+                                            "owned_by": "pyllm", "meta": meta}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await parse(request, TokenizeBody)
+        return {"tokens": llm.tokenize(body.content.encode("utf-8"), add_bos=body.add_special,
+                                       special=body.parse_special)}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await parse(request, DetokenizeBody)
+        if any(not 0 <= t < llm.n_vocab() for t in body.tokens):
+            raise APIError(400, f"tokens: ids must be in [0, {llm.n_vocab()})", "tokens")
+        return {"content": llm.detokenize(body.tokens).decode("utf-8", "replace")}
+
+    return app
+
+
+_END = object()
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that cancel their generation however the response ends: finished, or the
+    client gone (a failed write, or the disconnect that cancels the task): the engine frees the
+    sequence at its next step."""
+
+    def __init__(self, stream: CompletionStream, events: AsyncIterator[str]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.cancel()
+
+
+async def _sse(stream: CompletionStream, include_usage: bool, n_prompt: int) -> AsyncIterator[str]:
+    """The events of a streamed completion: a chunk each, the usage chunk if asked, [DONE]."""
+    last: dict[str, Any] | None = None
+    while True:
+        try:
+            chunk = await run_in_threadpool(next, stream, _END)
+        except Exception as exc:  # noqa: BLE001 - reported in the stream; the status line is already sent
+            yield "data: " + json.dumps(_error_body(str(exc), "server_error", None, None)) + "\n\n"
+            return
+        if chunk is _END:
+            break
+        last = chunk
+        yield "data: " + json.dumps(chunk) + "\n\n"
+    if include_usage and last is not None:
+        request = stream.request
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
+                 "total_tokens": n_prompt + request.n_generated,
+                 "prompt_tokens_details": {"cached_tokens": request.n_cached}}
+        yield "data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n"
+    yield "data: [DONE]\n\n"

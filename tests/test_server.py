@@ -1,0 +1,212 @@
+"""The HTTP server, for real: uvicorn on a free loopback port, spoken to with the official `openai`
+client and with raw HTTP. Batching must not change answers; a client that goes away frees its
+sequence; a shared prompt prefix is reused."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from pyllm.llama import Llama
+from pyllm.server import create_app
+
+API_KEY = "test-key"
+MODEL = "smollm2"
+N_CTX = 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, llm: Llama, api_key: str | None) -> None:
+        self.port = _free_port()
+        config = uvicorn.Config(create_app(llm, model_name=MODEL, api_key=api_key), host="127.0.0.1",
+                                port=self.port, log_level="error")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path) -> Llama:
+    model = Llama(str(smollm2_path), n_ctx=N_CTX, n_threads=2, n_parallel=4, prefill_chunk=64)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def server(llm: Llama):
+    s = _Server(llm, API_KEY)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: _Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _post(server: _Server, path: str, body: object, key: str | None = API_KEY, raw: bytes | None = None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    content = raw if raw is not None else json.dumps(body).encode()
+    return httpx.post(server.url + path, content=content, headers=headers, timeout=120)
+
+
+def _metric(server: _Server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_openai_client_completions_and_chat(client: openai.OpenAI, llm: Llama) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert out.choices[0].text == " Paris.\n\n"                      # the same as the Python API (and llama.cpp)
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 4
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=8)
+    alone = llm.create_chat_completion(messages, temperature=0, max_tokens=8)
+    assert chat.choices[0].message.content == alone["choices"][0]["message"]["content"]
+    assert chat.choices[0].message.role == "assistant"
+
+    pieces = []
+    stream = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=8, stream=True,
+                                            stream_options={"include_usage": True})
+    finish, usage = None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == chat.choices[0].message.content
+    assert finish == "length" and usage is not None and usage.completion_tokens == 8
+
+
+def test_openai_client_errors(server: _Server, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt="hi", temperature=-1)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-nothing", prompt="hi")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+@pytest.mark.parametrize(("body", "raw", "status", "param"), [
+    (None, b"{not json", 400, None),
+    (None, b"[1, 2]", 400, None),
+    ({"prompt": "hi", "temperature": "hot"}, None, 400, "temperature"),
+    ({"prompt": "hi", "max_tokens": "many"}, None, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": N_CTX}, None, 400, "max_tokens"),
+    ({"prompt": "hi", "top_k": -3}, None, 400, "top_k"),
+    ({"prompt": "hi", "n": 2}, None, 400, "n"),
+    ({"prompt": "hi", "model": "nope"}, None, 404, "model"),
+    ({"prompt": [N_CTX * 1000]}, None, 400, "prompt"),
+    ({"prompt": [1] * (N_CTX + 5)}, None, 400, "prompt"),
+    ({}, None, 400, "prompt"),
+])
+def test_bad_completion_requests_get_a_4xx_naming_the_field(server: _Server, body, raw, status, param) -> None:
+    response = _post(server, "/v1/completions", body, raw=raw)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_bad_chat_requests_and_auth(server: _Server) -> None:
+    response = _post(server, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages.0.role"
+    response = _post(server, "/v1/chat/completions", {"messages": []})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+    for key in (None, "wrong"):
+        response = _post(server, "/v1/completions", {"prompt": "hi"}, key=key)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # open without a key
+
+
+def test_tokenize_detokenize_and_metrics(server: _Server, llm: Llama) -> None:
+    tokens = _post(server, "/tokenize", {"content": "Hello world"}).json()["tokens"]
+    assert tokens == llm.tokenize(b"Hello world", add_bos=False)
+    assert _post(server, "/detokenize", {"tokens": tokens}).json() == {"content": "Hello world"}
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    for name in ("pyllm_http_requests_total", "pyllm_time_to_first_token_seconds_bucket",
+                 "pyllm_time_per_output_token_seconds_count", "pyllm_requests_queued", "pyllm_prefix_cache_hits_total"):
+        assert name in text
+
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "List three colours:",
+           "The quick brown fox", "Water boils at", "My favourite book is", "In 1969, astronauts"]
+
+
+def _stream_text(client: openai.OpenAI, prompt: str, max_tokens: int) -> str:
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True)
+    return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+
+def test_concurrent_streams_give_the_answers_each_gives_alone(client: openai.OpenAI) -> None:
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text
+             for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda p: _stream_text(client, p, 12), PROMPTS))
+    assert together == alone
+
+
+def test_a_client_that_goes_away_frees_its_sequence(server: _Server, llm: Llama) -> None:
+    cancelled_before = _metric(server, 'pyllm_requests_finished_total{reason="cancelled"}')
+    no_end = {str(t): -100 for t in llm.tokenizer.eog_ids}  # so that only the client can end it
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True,
+            "logit_bias": no_end}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # generating
+    deadline = time.monotonic() + 30
+    while _metric(server, 'pyllm_requests_finished_total{reason="cancelled"}') <= cancelled_before:
+        assert time.monotonic() < deadline, "the abandoned request kept its sequence"
+        time.sleep(0.1)
+    assert _metric(server, "pyllm_sequences_active") == 0
+
+
+def test_a_shared_prompt_prefix_is_reused(client: openai.OpenAI) -> None:
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and politely." for i in range(50))
+    first = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=2, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "What is two plus two?"}])
+    second = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=2, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}])
+    assert first.usage.prompt_tokens > 400
+    assert second.usage.prompt_tokens_details.cached_tokens >= 390
+
+
+def test_a_full_queue_answers_503(smollm2_path) -> None:
+    llm = Llama(str(smollm2_path), n_ctx=64, n_threads=1, max_queued=0)
+    s = _Server(llm, None)
+    try:
+        response = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert response.status_code == 503 and response.json()["error"]["code"] == "server_busy"
+    finally:
+        s.stop()
+        llm.close()
