@@ -13,6 +13,9 @@ vec_dot_fn pyllm_vec_dot_kernel(int tier, int type);
 /* The kernel of the active tier. */
 vec_dot_fn pyllm_active_vec_dot(int type);
 
+/* Attention's kernels for `tier` (the AVX2 ones serve every tier above it). */
+const attention_kernels *pyllm_attention_kernels(int tier);
+
 /* Bytes of one activation row of n elements for weight_type. */
 int64_t pyllm_activation_row_bytes(int weight_type, int64_t n);
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "dispatch.h"
 #include "quants.h"
 #include "threadpool.h"
 
@@ -78,6 +79,7 @@ typedef struct {
     int32_t window;            /* 0: no sliding window */
     float *out;                /* (m, n_head, d) */
     float *scores;             /* (n_threads, n_kv) scratch */
+    const attention_kernels *kernels;
 } attention_job;
 
 /* One (query row, head): softmax over the visible keys in cache order, then the weighted sum of values. */
@@ -93,10 +95,7 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
             scores[t] = -INFINITY;
             continue;
         }
-        const fp16_t *k = job->k + (t * job->n_head_kv + hk) * d;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < d; ++i) dot = fmaf(q[i], fp16_lookup(k[i]), dot);
-        float s = dot * job->scale;
+        float s = job->kernels->dot(q, job->k + (t * job->n_head_kv + hk) * d, d) * job->scale;
         if (job->softcap > 0.0f) s = job->softcap * tanhf(s / job->softcap);
         scores[t] = s;
         max = s > max ? s : max;
@@ -111,9 +110,7 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     const float inv = 1.0f / sum;
     for (int64_t t = 0; t < job->n_kv; ++t) {
         if (scores[t] == 0.0f) continue;
-        const float p = scores[t] * inv;
-        const fp16_t *v = job->v + (t * job->n_head_kv + hk) * d;
-        for (int64_t i = 0; i < d; ++i) out[i] = fmaf(p, fp16_lookup(v[i]), out[i]);
+        job->kernels->axpy(out, scores[t] * inv, job->v + (t * job->n_head_kv + hk) * d, d);
     }
 }
 
@@ -131,9 +128,13 @@ int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const 
     if (m <= 0 || n_kv <= 0 || d <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return PYLLM_ERR_SHAPE;
     if (n_threads <= 0) n_threads = pyllm_physical_cores();
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
+    /* a decode step's attention is quicker alone than handed out (results do not depend on it) */
+    const int64_t work = m * n_head * n_kv * d;
+    if (work < (int64_t)n_threads << 18) n_threads = (int)(work >> 18) + 1;
     float *scores = malloc((size_t)(n_threads * n_kv) * sizeof(float));
     if (scores == NULL) return PYLLM_ERR_NOMEM;
-    attention_job job = {q, k, v, qpos, kpos, m, n_kv, n_head, n_head_kv, d, scale, softcap, window, out, scores};
+    attention_job job = {q, k, v, qpos, kpos, m, n_kv, n_head, n_head_kv, d, scale, softcap, window, out, scores,
+                         pyllm_attention_kernels(pyllm_active_tier())};
     const int status = pyllm_pool_run(n_threads, attention_task, &job);
     free(scores);
     return status;

@@ -106,7 +106,8 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
  * values k, v[n_kv, n_head_kv, d] (IEEE half bits) at positions kpos[n_kv] (-1: empty slot): key t is visible
  * to query r when kpos[t] <= qpos[r] and, with window > 0, qpos[r] - kpos[t] < window.
  * scores = q.k * scale (then softcap * tanh(s / softcap) when softcap > 0); softmax over the
- * visible keys in cache order; out[m, n_head, d]. Grouped-query: head h reads kv head
+ * visible keys in cache order; out[m, n_head, d]. q.k sums in 8 lanes by index mod 8, the same
+ * in every tier (see attention_kernels in quants.h). Grouped-query: head h reads kv head
  * h / (n_head / n_head_kv). */
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,

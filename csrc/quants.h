@@ -185,6 +185,18 @@ extern const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 
+/* Attention's inner loops over the half-precision KV cache, one set per tier, bit-identical:
+ * dot: q[d] . k[d] in 8 lanes (lane i % 8 takes fmaf in index order), summed as
+ *      ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
+ * axpy: out[i] = fmaf(p, v[i], out[i]). */
+typedef struct {
+    float (*dot)(const float *q, const fp16_t *k, int64_t d);
+    void (*axpy)(float *out, float p, const fp16_t *v, int64_t d);
+} attention_kernels;
+
+extern const attention_kernels attention_kernels_generic;
+extern const attention_kernels attention_kernels_avx2;  /* {NULL, NULL} off x86-64 */
+
 /* The activation quantizers of the 32-element formats (llama.cpp's x86 rounding). */
 void quantize_row_q8_0_act(const float *x, void *blocks, int64_t n);
 void quantize_row_q8_1_act(const float *x, void *blocks, int64_t n);

@@ -479,6 +479,29 @@ static inline __m256 load8_bf16(const void *w, int64_t i) {
         return sum;                                                                                           \
     }
 
+/* ---- attention over the half-precision cache (the generic kernels' lanes, 8 at a time) ---- */
+
+static inline __m256 halves_to_floats8(const fp16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+
+static float attention_dot_avx2(const float *q, const fp16_t *k, int64_t d) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), halves_to_floats8(k + i), acc);
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    for (; i < d; ++i) lane[i % 8] = fmaf(q[i], half_to_float(k[i]), lane[i % 8]);
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+static void attention_axpy_avx2(float *out, float p, const fp16_t *v, int64_t d) {
+    const __m256 pv = _mm256_set1_ps(p);
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, halves_to_floats8(v + i), _mm256_loadu_ps(out + i)));
+    }
+    for (; i < d; ++i) out[i] = fmaf(p, half_to_float(v[i]), out[i]);
+}
+
 FLOAT_VEC_DOT_AVX2(vec_dot_f32_f32_avx2, load8_f32, LOAD1_F32)
 FLOAT_VEC_DOT_AVX2(vec_dot_f16_f32_avx2, load8_f16, LOAD1_F16)
 FLOAT_VEC_DOT_AVX2(vec_dot_bf16_f32_avx2, load8_bf16, LOAD1_BF16)
@@ -499,8 +522,11 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_avx2,
 };
 
+const attention_kernels attention_kernels_avx2 = {attention_dot_avx2, attention_axpy_avx2};
+
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
+const attention_kernels attention_kernels_avx2 = {NULL, NULL};
 
 #endif

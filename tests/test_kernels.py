@@ -332,3 +332,42 @@ def test_gated_activations_match_ggml_rules() -> None:
 
     silu = gate.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64))) * up
     np.testing.assert_allclose(kernels.gated_activation(gate, up, "silu"), silu, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("d", "window", "softcap"), [(64, 0, 0.0), (20, 5, 0.0), (256, 0, 30.0)])
+def test_attention_matches_float_reference_and_tiers_agree(d: int, window: int, softcap: float) -> None:
+    """Causal GQA attention over a half-precision cache (with empty slots, a sliding window, a softcap)
+    against float64 math on the same half-precision keys and values; every tier gives the same bits."""
+    rng = np.random.default_rng(d)
+    m, n_kv, n_head, n_head_kv = 5, 23, 6, 2
+    q = rng.standard_normal((m, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float16)
+    v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float16)
+    k_pos = np.arange(n_kv, dtype=np.int32)
+    k_pos[[3, 11]] = -1                                  # empty slots
+    q_pos = np.array([0, 4, 12, 21, 22], np.int32)
+    scale = 1 / np.sqrt(d)
+
+    want = np.zeros((m, n_head, d))
+    for r in range(m):
+        visible = (k_pos >= 0) & (k_pos <= q_pos[r]) & ((window == 0) | (q_pos[r] - k_pos < window))
+        for h in range(n_head):
+            hk = h // (n_head // n_head_kv)
+            s = k[visible, hk].astype(np.float64) @ q[r, h].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            p = np.exp(s - s.max())
+            want[r, h] = (p / p.sum()) @ v[visible, hk].astype(np.float64)
+
+    saved = kernels.active_tier()
+    results = {}
+    try:
+        for tier in kernels.TIERS[:kernels.TIERS.index(kernels.best_tier()) + 1]:
+            kernels.set_tier(tier)
+            results[tier] = kernels.attention(q, k, v, q_pos, k_pos, scale, window, softcap, n_threads=2)
+    finally:
+        kernels.set_tier(saved)
+    generic = results["generic"]
+    np.testing.assert_allclose(generic, want, rtol=1e-4, atol=1e-5)
+    for tier, got in results.items():
+        np.testing.assert_array_equal(bits(got), bits(generic), err_msg=f"tier {tier}")

@@ -42,8 +42,8 @@ def test_chat_prompt_tokens_and_first_words_match_llama_cpp(llm: Llama) -> None:
 
 def test_stream_chunks_join_to_the_plain_answer(llm: Llama) -> None:
     messages = [{"role": "user", "content": "Name three colors."}]
-    plain = llm.create_chat_completion(messages, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
-    chunks = list(llm.create_chat_completion(messages, temperature=0, max_tokens=12, stream=True))
+    plain = llm.create_chat_completion(messages, temperature=0, max_tokens=8)["choices"][0]["message"]["content"]
+    chunks = list(llm.create_chat_completion(messages, temperature=0, max_tokens=8, stream=True))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == plain

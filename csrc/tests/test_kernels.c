@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../dispatch.h"
 #include "../threadpool.h"
@@ -128,6 +129,35 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
 }
 
+/* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail). */
+static void test_attention_tiers_agree(void) {
+    enum { M = 3, N_KV = 17, N_HEAD = 4, N_HEAD_KV = 2, MAX_D = 72 };
+    static float q[M * N_HEAD * MAX_D], ref[M * N_HEAD * MAX_D], got[M * N_HEAD * MAX_D];
+    static uint16_t k[N_KV * N_HEAD_KV * MAX_D], v[N_KV * N_HEAD_KV * MAX_D];
+    const int32_t qpos[M] = {0, 9, 16};
+    int32_t kpos[N_KV];
+    for (int t = 0; t < N_KV; ++t) kpos[t] = t == 5 ? -1 : t;
+    const int saved = pyllm_active_tier();
+    for (int d = 4; d <= MAX_D; d += 17) {  /* 4, 21, 38, 55, 72 */
+        for (int i = 0; i < M * N_HEAD * d; ++i) q[i] = rng_float(-2, 2);
+        for (int i = 0; i < N_KV * N_HEAD_KV * d; ++i) {
+            k[i] = fp32_to_fp16(rng_float(-2, 2));
+            v[i] = fp32_to_fp16(rng_float(-2, 2));
+        }
+        pyllm_set_tier(PYLLM_TIER_GENERIC);
+        CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, N_HEAD, N_HEAD_KV, d, 0.3f, 7, 0.0f, ref, 2) == PYLLM_OK,
+              "attention generic d=%d", d);
+        for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+            pyllm_set_tier(tier);
+            CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, N_HEAD, N_HEAD_KV, d, 0.3f, 7, 0.0f, got, 2) ==
+                  PYLLM_OK, "attention tier %d", tier);
+            CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * N_HEAD * d)) == 0,
+                  "attention d=%d: tier %s differs from generic", d, pyllm_tier_name(tier));
+        }
+    }
+    pyllm_set_tier(saved);
+}
+
 /* The pool under rapidly changing team sizes: every task runs exactly once per member, and never
  * after pyllm_pool_run has returned (a stale run would touch the next task's context). */
 typedef struct {
@@ -167,6 +197,7 @@ int main(void) {
     test_matmul_invariance();
     test_bad_arguments();
     test_pool_team_sizes();
+    test_attention_tiers_agree();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

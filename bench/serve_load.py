@@ -1,0 +1,255 @@
+"""Load benchmark for an OpenAI-compatible server: concurrent streaming clients on loopback.
+
+    python bench/serve_load.py [MODEL] [--clients 1,4] [--requests 8] [--max-tokens 64] [--threads 2]
+                               [--llama-server PATH] [--url URL] [--prefix-tokens 400]
+
+Starts `pyllm serve MODEL --parallel C` (and, with --llama-server, llama.cpp's `llama-server -np C`
+on the same file and threads) for each client count C, and sends --requests streaming completions
+from C concurrent clients: prompts of mixed lengths (short, medium, long), greedy, a fixed number of
+output tokens (end-of-generation tokens are biased away). Or, with --url, measures a server that is
+already running. Reports in vLLM's vocabulary:
+
+    request throughput (req/s), output token throughput (tok/s), TTFT, TPOT (time per output token
+    after the first) and end-to-end latency: mean, median (p50) and p99, in milliseconds;
+
+the aggregate output tok/s at each client count against the single-client figure; and a prefix-cache
+probe: TTFT of a prompt with a --prefix-tokens shared prefix, cold and then warm (a second request
+sharing the prefix). Also checks that every answer equals the single-client answer to the same prompt.
+Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pyllm import catalogue
+from pyllm.gguf import GGUFFile
+from pyllm.tokenizer import Tokenizer
+
+TOPICS = ["the history of the printing press", "how bread rises", "why the sky is blue", "the life of honeybees",
+          "how a bicycle stays upright", "the water cycle", "the first steam engines", "how vaccines work"]
+FILLER = ("Background: this note collects observations from a long afternoon in the library, written down in no "
+          "particular order, about books, weather, trains, gardens and the people who look after them. ")
+
+
+def prompts(n: int, mix: str) -> list[str]:
+    """n prompts: "mixed" lengths (short, medium ~150 tokens, long ~500 tokens, in turn) or all "short"."""
+    out = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        context = FILLER * ((0, 4, 14)[i % 3] if mix == "mixed" else 0)
+        out.append(f"{context}Question {i}: write a short explanation of {topic}.\nAnswer:")
+    return out
+
+
+@dataclass
+class Result:
+    ttft: float
+    e2e: float
+    n_tokens: int
+    text: str
+    cached_tokens: int | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.n_tokens - 1) if self.n_tokens > 1 else None
+
+
+@dataclass
+class Run:
+    label: str
+    clients: int
+    wall: float
+    results: list[Result] = field(default_factory=list)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.results)
+
+
+def stream_completion(url: str, body: dict, headers: dict) -> Result:
+    started = time.perf_counter()
+    first, pieces, usage = None, [], None
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=600) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.read()[:200]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if choice.get("text"):
+                    first = first or time.perf_counter()
+                    pieces.append(choice["text"])
+    end = time.perf_counter()
+    n_tokens = usage["completion_tokens"] if usage else len(pieces)
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return Result((first or end) - started, end - started, n_tokens, "".join(pieces), cached)
+
+
+def run_load(url: str, label: str, clients: int, texts: list[str], max_tokens: int, bias: dict, model: str) -> Run:
+    results: list[Result | None] = [None] * len(texts)
+    next_index = iter(range(len(texts)))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                return
+            body = {"model": model, "prompt": texts[i], "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}, "logit_bias": bias, "cache_prompt": True}
+            results[i] = stream_completion(url, body, {})
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run = Run(label, clients, time.perf_counter() - started)
+    run.results = [r for r in results if r is not None]
+    return run
+
+
+def prefix_probe(url: str, tokenizer: Tokenizer, n_prefix: int, bias: dict, model: str) -> tuple[Result, Result]:
+    """TTFT of two requests sharing an n_prefix-token prefix: the first computes it, the second may reuse it."""
+    words = []
+    while len(tokenizer.encode(" ".join(words).encode(), add_bos=True)) < n_prefix:
+        words += FILLER.split()[:10]
+    prefix = " ".join(words)
+    bodies = [{"model": model, "prompt": f"{prefix}\nQuestion: {q}\nAnswer:", "max_tokens": 4, "temperature": 0,
+               "stream": True, "stream_options": {"include_usage": True}, "logit_bias": bias, "cache_prompt": True}
+              for q in ("what is the first book about?", "name a colour from the garden.")]
+    return stream_completion(url, bodies[0], {}), stream_completion(url, bodies[1], {})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(kind: str, binary: str | None, model: Path, parallel: int, threads: int, n_ctx: int):
+    port = _free_port()
+    if kind == "pyllm":
+        cmd = [sys.executable, "-m", "pyllm.cli", "serve", str(model), "--port", str(port), "--parallel",
+               str(parallel), "-c", str(n_ctx), "-t", str(threads), "--alias", "bench"]
+    else:
+        # llama-server's -c is the total context, shared by its -np slots
+        cmd = [binary, "-m", str(model), "--port", str(port), "-np", str(parallel), "-c", str(n_ctx * parallel),
+               "-t", str(threads), "-tb", str(threads), "--alias", "bench", "--log-disable"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} server exited with {proc.returncode}: {' '.join(cmd)}")
+        time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"{kind} server did not become healthy")
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return f"{1e3 * statistics.fmean(values):8.0f} {1e3 * statistics.median(values):8.0f} {1e3 * p99:8.0f}"
+
+
+def report(run: Run) -> None:
+    rs = run.results
+    print(f"\n== {run.label}: {run.clients} concurrent client(s), {len(rs)} requests, {run.wall:.1f} s")
+    print(f"  request throughput   {len(rs) / run.wall:8.3f} req/s")
+    print(f"  output throughput    {run.output_tokens / run.wall:8.2f} tok/s")
+    print("                           mean   median      p99   (ms)")
+    print(f"  TTFT                 {_ms([r.ttft for r in rs])}")
+    print(f"  TPOT                 {_ms([r.tpot for r in rs if r.tpot is not None])}")
+    print(f"  E2E latency          {_ms([r.e2e for r in rs])}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", default=catalogue.DEFAULT_MODEL, help="path or catalogue name")
+    parser.add_argument("--clients", default="1,4", help="comma-separated client counts (default 1,4)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=2048, help="context per sequence")
+    parser.add_argument("--prefix-tokens", type=int, default=400)
+    parser.add_argument("--prompts", choices=["mixed", "short"], default="mixed",
+                        help="prompt lengths: mixed (short, medium, long) or short only (decode-bound)")
+    parser.add_argument("--llama-server", help="path of llama.cpp's llama-server, to measure side by side")
+    parser.add_argument("--url", help="measure this running server instead of starting servers")
+    args = parser.parse_args()
+
+    model = catalogue.resolve(args.model)
+    with GGUFFile(model) as f:
+        tokenizer = Tokenizer.from_gguf(f)
+    bias = {str(t): -100 for t in tokenizer.eog_ids}  # fixed-length answers
+    texts = prompts(args.requests, args.prompts)
+    counts = [int(c) for c in args.clients.split(",")]
+    kinds = [("pyllm", None)] + ([("llama.cpp", args.llama_server)] if args.llama_server else [])
+    if args.url:
+        kinds = [("server", None)]
+    summary = []
+    for kind, binary in kinds:
+        reference: list[str] | None = None
+        base_rate = None
+        for clients in counts:
+            proc = None
+            if args.url:
+                url = args.url
+            else:
+                proc, url = start_server(kind, binary, model, clients, args.threads, args.n_ctx)
+            try:
+                run_load(url, kind, 1, texts[:1], 4, bias, "bench")  # warm-up
+                run = run_load(url, f"{kind}", clients, texts, args.max_tokens, bias, "bench")
+                report(run)
+                answers = [r.text for r in run.results]
+                same = None if reference is None else sum(a == b for a, b in zip(answers, reference, strict=False))
+                reference = reference or answers
+                rate = run.output_tokens / run.wall
+                base_rate = base_rate or rate
+                ttft_p99 = sorted(r.ttft for r in run.results)[-1]
+                line = (f"{kind:10s} clients {clients}: {rate:7.2f} tok/s ({rate / base_rate:4.2f}x single), "
+                        f"TTFT p99 {1e3 * ttft_p99:6.0f} ms"
+                        + ("" if same is None else f", answers equal to the 1-client run: {same}/{len(answers)}"))
+                if clients == counts[-1]:
+                    cold, warm = prefix_probe(url, tokenizer, args.prefix_tokens, bias, "bench")
+                    line += (f"; prefix probe: TTFT cold {1e3 * cold.ttft:.0f} ms, warm {1e3 * warm.ttft:.0f} ms"
+                             + (f" ({warm.cached_tokens} cached tokens)" if warm.cached_tokens is not None else ""))
+                summary.append(line)
+            finally:
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+    print("\nsummary (" + f"{model.name}, {args.threads} threads, {args.requests} {args.prompts}-prompt requests of "
+          f"{args.max_tokens} tokens, machine {os.cpu_count()} cpus)")
+    for line in summary:
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()
