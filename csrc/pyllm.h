@@ -112,6 +112,27 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads);
+/* One layer of a sequence's KV cache (kvcache.c): slot s holds the key and value of the token at
+ * positions[s] (-1: empty) in IEEE half bits. A ring (sliding-window layer) keeps position p in
+ * slot p % capacity, a full layer in slot p. The arrays belong to the caller. */
+typedef struct {
+    uint16_t *k;          /* (capacity, k_row) */
+    uint16_t *v;          /* (capacity, v_row) */
+    int32_t *positions;   /* (capacity,) */
+    int64_t capacity, k_row, v_row;
+    int ring;
+} pyllm_kv_layer;
+
+/* Write m tokens' keys k[m, k_row] and values v[m, v_row] (rounded to half precision) at positions pos[m]. */
+int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float *k, const float *v, int64_t m);
+
+/* Context shift: drop the tokens at positions [n_keep, n_keep + n_discard), move the later ones down by
+ * n_discard and re-rotate their keys (rope at -n_discard, the layer's own rope settings). */
+int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discard, int64_t n_heads_kv,
+                   int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, int neox);
+
+/* Forget every token at position >= n_tokens. */
+void pyllm_kv_truncate(const pyllm_kv_layer *layer, int32_t n_tokens);
 /* cffi-end */
 
 #endif /* PYLLM_H */

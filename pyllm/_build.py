@@ -25,6 +25,7 @@ SOURCES = [
     "threadpool.c",
     "matmul.c",
     "ops.c",
+    "kvcache.c",
 ]
 
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind

@@ -1,4 +1,5 @@
-"""One sequence's KV cache: half-precision keys and values per layer.
+"""One sequence's KV cache: half-precision keys and values per layer, kept by the C core
+(csrc/kvcache.c) in arrays this class owns.
 
 Full-attention layers keep every cached token in order: slot i holds the i-th
 token. Sliding-window layers keep a ring of `window + max_batch` slots, the
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
+from ._pyllm_c import ffi, lib
 from .arch import Config
+from .kernels import _check
 
 
 @dataclass
@@ -30,6 +32,12 @@ class LayerCache:
     v: np.ndarray           # (capacity, n_head_kv, head_dim_v) float16
     positions: np.ndarray   # (capacity,) int32, -1 for an empty slot
     ring: bool              # slot = position % capacity (sliding-window layer)
+
+    def __post_init__(self) -> None:
+        self.c = ffi.new("pyllm_kv_layer *", {
+            "k": ffi.from_buffer("uint16_t[]", self.k), "v": ffi.from_buffer("uint16_t[]", self.v),
+            "positions": ffi.from_buffer("int32_t[]", self.positions), "capacity": len(self.positions),
+            "k_row": self.k[0].size, "v_row": self.v[0].size, "ring": int(self.ring)})
 
     @property
     def capacity(self) -> int:
@@ -74,21 +82,21 @@ class KVCache:
         copy.truncate(n_tokens)  # forgets the slots past n_tokens (and all, where a ring lost the window)
         return copy
 
-    def slots(self, layer: LayerCache, positions: np.ndarray) -> np.ndarray:
-        return positions % layer.capacity if layer.ring else positions
-
     def store(self, i: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> LayerCache:
         """Write a batch's keys and values (rounded to half precision, as llama.cpp's cache keeps them)."""
         layer = self.layers[i]
-        slots = self.slots(layer, positions)
-        layer.k[slots] = k
-        layer.v[slots] = v
-        layer.positions[slots] = positions
+        pos = np.ascontiguousarray(positions, dtype=np.int32)
+        k = np.ascontiguousarray(k, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        if k.size != len(pos) * layer.k[0].size or v.size != len(pos) * layer.v[0].size:
+            raise ValueError(f"store: {len(pos)} positions for keys {k.shape} and values {v.shape}")
+        _check(lib.pyllm_kv_store(layer.c, ffi.from_buffer("int32_t[]", pos), ffi.from_buffer("float[]", k),
+                                  ffi.from_buffer("float[]", v), len(pos)), "KV cache store")
         return layer
 
     def clear(self) -> None:
         for layer in self.layers:
-            layer.positions[:] = -1
+            lib.pyllm_kv_truncate(layer.c, 0)
         self.n_used = 0
 
     def truncate(self, n_tokens: int) -> int:
@@ -105,7 +113,7 @@ class KVCache:
                     self.clear()
                     return 0
         for layer in self.layers:
-            layer.positions[layer.positions >= n_tokens] = -1
+            lib.pyllm_kv_truncate(layer.c, n_tokens)
         self.n_used = n_tokens
         return n_tokens
 
@@ -115,23 +123,9 @@ class KVCache:
             raise ValueError(f"cannot discard {n_discard} tokens after {n_keep} of {self.n_used}")
         cfg = self.config
         for i, layer in enumerate(self.layers):
-            keep = (layer.positions >= 0) & ((layer.positions < n_keep) | (layer.positions >= n_keep + n_discard))
-            old_pos = layer.positions[keep]
-            moved = old_pos >= n_keep
-            new_pos = np.where(moved, old_pos - n_discard, old_pos).astype(np.int32)
-            k = layer.k[keep].astype(np.float32)
-            v = layer.v[keep].copy()
             base, scale = cfg.layer_rope(i)
-            if moved.any():
-                rotated = np.ascontiguousarray(k[moved])
-                kernels.rope(rotated, np.full(len(rotated), -n_discard, np.int32), cfg.n_rot, base, scale,
-                             cfg.family.rope_neox)
-                k[moved] = rotated
-            layer.positions[:] = -1
-            slots = self.slots(layer, new_pos)
-            layer.k[slots] = k
-            layer.v[slots] = v
-            layer.positions[slots] = new_pos
+            _check(lib.pyllm_kv_shift(layer.c, n_keep, n_discard, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base, scale,
+                                      int(cfg.family.rope_neox)), "KV cache shift")
         self.n_used -= n_discard
 
     def visible(self, i: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -158,6 +158,52 @@ static void test_attention_tiers_agree(void) {
     pyllm_set_tier(saved);
 }
 
+/* KV cache layers: a ring keeps the last `capacity` positions in slot p % capacity; a shift drops
+ * positions [keep, keep + discard), moves the rest down and re-rotates their keys. */
+static void test_kv_cache_layer(void) {
+    enum { CAP = 6, HEADS = 2, DIM = 4, ROW = HEADS * DIM, N = 9 };
+    uint16_t k[CAP * ROW], v[CAP * ROW];
+    int32_t positions[CAP];
+    float kin[N * ROW], vin[N * ROW];
+    int32_t pos[N];
+    for (int i = 0; i < N * ROW; ++i) {
+        kin[i] = rng_float(-1, 1);
+        vin[i] = rng_float(-1, 1);
+    }
+    for (int r = 0; r < N; ++r) pos[r] = r;
+    const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1};
+    for (int s = 0; s < CAP; ++s) positions[s] = -1;
+    CHECK(pyllm_kv_store(&ring, pos, kin, vin, 5) == PYLLM_OK && pyllm_kv_store(&ring, pos + 5, kin + 5 * ROW,
+          vin + 5 * ROW, N - 5) == PYLLM_OK, "ring store");
+    int ok = 1;
+    for (int p = N - CAP; p < N; ++p) {
+        ok &= positions[p % CAP] == p && k[p % CAP * ROW + 3] == fp32_to_fp16(kin[p * ROW + 3]) &&
+              v[p % CAP * ROW + 5] == fp32_to_fp16(vin[p * ROW + 5]);
+    }
+    CHECK(ok, "a ring holds the last %d positions at p %% capacity", CAP);
+    CHECK(pyllm_kv_store(&ring, (const int32_t[]){-1}, kin, vin, 1) == PYLLM_ERR_SHAPE, "negative position");
+
+    /* full layer: positions 0..5; drop [1, 3): 3, 4, 5 move to 1, 2, 3, keys rotated by -2 */
+    const pyllm_kv_layer full = {k, v, positions, CAP, ROW, ROW, 0};
+    for (int s = 0; s < CAP; ++s) positions[s] = -1;
+    CHECK(pyllm_kv_store(&full, pos, kin, vin, CAP) == PYLLM_OK, "full store");
+    CHECK(pyllm_kv_store(&full, (const int32_t[]){CAP}, kin, vin, 1) == PYLLM_ERR_SHAPE, "past the end");
+    CHECK(pyllm_kv_shift(&full, 1, 2, HEADS, DIM, DIM, 10000.0f, 1.0f, 0) == PYLLM_OK, "shift");
+    ok = positions[0] == 0 && positions[4] == -1 && positions[5] == -1;
+    for (int p = 3; p < CAP; ++p) {
+        float want[ROW];
+        for (int i = 0; i < ROW; ++i) want[i] = fp16_to_fp32(fp32_to_fp16(kin[p * ROW + i]));
+        pyllm_rope(want, (const int32_t[]){-2}, 1, HEADS, DIM, DIM, 10000.0f, 1.0f, 0);
+        for (int i = 0; i < ROW; ++i) {
+            ok &= k[(p - 2) * ROW + i] == fp32_to_fp16(want[i]) && v[(p - 2) * ROW + i] == fp32_to_fp16(vin[p * ROW + i]);
+        }
+        ok &= positions[p - 2] == p - 2;
+    }
+    CHECK(ok, "shift moves, re-rotates and keeps values");
+    pyllm_kv_truncate(&full, 1);
+    CHECK(positions[0] == 0 && positions[1] == -1, "truncate");
+}
+
 /* The pool under rapidly changing team sizes: every task runs exactly once per member, and never
  * after pyllm_pool_run has returned (a stale run would touch the next task's context). */
 typedef struct {
@@ -198,6 +244,7 @@ int main(void) {
     test_bad_arguments();
     test_pool_team_sizes();
     test_attention_tiers_agree();
+    test_kv_cache_layer();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
