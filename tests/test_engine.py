@@ -1,0 +1,142 @@
+"""The engine and the prefix cache on tiny random models: batching, queueing, chunked prefill,
+cancellation, context shift and prefix reuse never change a sequence's tokens."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+from test_model import WINDOW, write_tiny_model
+
+from pyllm.engine import Engine, QueueFullError
+from pyllm.gguf import GGUFFile
+from pyllm.model import Model
+from pyllm.prefix_cache import PrefixCache
+from pyllm.sampling import SamplingParams
+
+EOG = 0
+GREEDY = SamplingParams(temperature=0, logit_bias={EOG: float("-inf")})  # runs to max_tokens
+
+
+class TinyTokenizer:
+    """What the engine asks of a tokenizer."""
+    bos_id = 1
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def token_to_piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model(request, tmp_path_factory) -> Model:
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m.gguf", request.param, Q.Q8_0)
+    return Model(GGUFFile(path), n_threads=2)
+
+
+PROMPTS = [[1, 17, 42, 5, 88, 3], [1, 17, 42, 9], [1, 60, 2, 2, 2, 2, 2, 2, 2, 7, 8], [1, 5]]
+
+
+def generate(engine: Engine, prompt: list[int], n: int, params: SamplingParams = GREEDY) -> list[int]:
+    return [step.token for step in engine.submit(prompt, params, n)]
+
+
+def test_batched_queued_and_chunked_runs_give_the_tokens_of_a_lone_run(model: Model) -> None:
+    alone_engine = Engine(model, TinyTokenizer(), n_ctx=48, n_parallel=1, prefill_chunk=64, cache_bytes=0)
+    alone = [generate(alone_engine, p, 12) for p in PROMPTS]
+    alone_engine.close()
+
+    # two slots for four requests (two queue), prompts read 3 rows a step beside the decoding ones
+    engine = Engine(model, TinyTokenizer(), n_ctx=48, n_parallel=2, prefill_chunk=3, cache_bytes=0)
+    results: list[list[int] | None] = [None] * len(PROMPTS)
+
+    def run(i: int) -> None:
+        results[i] = generate(engine, PROMPTS[i], 12)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.close()
+    assert results == alone
+
+
+def test_prefix_reuse_gives_the_same_tokens(model: Model) -> None:
+    engine = Engine(model, TinyTokenizer(), n_ctx=48, n_parallel=1)
+    first = engine.submit(PROMPTS[0], GREEDY, 5)
+    tokens = [s.token for s in first]
+    assert first.n_cached == 0
+    follow_up = PROMPTS[0] + tokens[:4] + [33, 34]          # the conversation goes on
+    again = engine.submit(follow_up, GREEDY, 6)
+    reused = [s.token for s in again]
+    assert again.n_cached == len(PROMPTS[0]) + 4             # the prompt and the answer, but not the last token fed
+    sibling = engine.submit(PROMPTS[0][:3] + [70, 71], GREEDY, 6)  # shares 3 tokens with the cached ones
+    sibling_tokens = [s.token for s in sibling]
+    assert sibling.n_cached == 3
+    engine.close()
+
+    fresh = Engine(model, TinyTokenizer(), n_ctx=48, n_parallel=1, cache_bytes=0)
+    assert generate(fresh, follow_up, 6) == reused
+    assert generate(fresh, PROMPTS[0][:3] + [70, 71], 6) == sibling_tokens
+    fresh.close()
+
+
+def test_prefix_cache_takes_copies_supersedes_and_evicts(model: Model) -> None:
+    cache_a = model.new_cache(48)
+    model.forward([1, 2, 3, 4, 5], cache_a)
+    per_entry = 5 * cache_a.bytes_per_token()
+    prefixes = PrefixCache(model, 48, max_bytes=2 * per_entry)
+    prefixes.release(cache_a, [1, 2, 3, 4, 5])
+    # a prompt sharing part of the entry gets a copy; the entry stays
+    copy, n = prefixes.acquire([1, 2, 3, 9, 9])
+    assert n == 3 and copy is not cache_a and len(prefixes) == 1
+    # a prompt that continues the whole entry takes it
+    taken, n = prefixes.acquire([1, 2, 3, 4, 5, 6])
+    assert n == 5 and taken is cache_a and len(prefixes) == 0
+    # an entry that extends another supersedes it; beyond max_bytes the least recently used goes
+    model.forward([6], taken)
+    prefixes.release(copy, [1, 2, 3])
+    prefixes.release(taken, [1, 2, 3, 4, 5, 6])
+    assert len(prefixes) == 1                                # [1, 2, 3] was a prefix of the longer one
+    other = model.new_cache(48)
+    model.forward([7, 8, 9, 10, 11], other)
+    prefixes.release(other, [7, 8, 9, 10, 11])
+    assert len(prefixes) == 1 and prefixes.n_bytes <= 2 * per_entry   # 6 + 5 tokens > the budget: the old one went
+    assert prefixes.acquire([7, 8, 9, 10, 11, 12])[1] == 5
+
+
+def test_a_sliding_window_cache_that_moved_on_is_not_reused(tmp_path: Path) -> None:
+    model = Model(GGUFFile(write_tiny_model(tmp_path / "g.gguf", "gemma3", Q.F32)), n_threads=1)
+    prefixes = PrefixCache(model, 48, max_batch=2)
+    cache = prefixes.new_cache()
+    tokens = list(range(1, 20))
+    model.forward(tokens, cache)                             # the ring of WINDOW + 2 slots has wrapped
+    prefixes.release(cache, tokens)
+    _, n = prefixes.acquire(tokens[:WINDOW] + [90])          # its first tokens are gone from the ring
+    assert n == 0
+
+
+def test_queue_limit_cancellation_and_context_shift(model: Model) -> None:
+    engine = Engine(model, TinyTokenizer(), n_ctx=16, n_parallel=1, max_queued=1)
+    running = engine.submit(PROMPTS[0], GREEDY, 40)          # 40 tokens in a 16-token context: shifts
+    steps = iter(running)
+    next(steps)
+    waiting = engine.submit(PROMPTS[1], GREEDY, 3)
+    with pytest.raises(QueueFullError):
+        engine.submit(PROMPTS[2], GREEDY, 3)
+    assert len([next(steps)] + list(steps)) == 39 and running.finish_reason == "length"
+    assert len(list(waiting)) == 3
+
+    endless = engine.submit(PROMPTS[3], GREEDY, 10_000)
+    stream = iter(endless)
+    next(stream)
+    endless.cancel()
+    list(stream)                                             # ends at the engine's next step
+    assert endless.finish_reason == "cancelled"
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit([], GREEDY, 3)
+    engine.close()
