@@ -100,7 +100,7 @@ def test_cli_commands(smollm2_path) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0
-    for command in ("chat", "run", "info", "tokenize", "pull", "list"):
+    for command in ("chat", "run", "info", "tokenize", "pull", "list", "serve", "bench", "perplexity"):
         assert command in result.output
     result = runner.invoke(main, ["info", str(smollm2_path), "--json"])
     assert result.exit_code == 0 and json.loads(result.output)["architecture"] == "llama"
