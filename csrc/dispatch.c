@@ -153,6 +153,11 @@ vec_dot_fn pyllm_vec_dot_kernel(int tier, int type) {
 
 vec_dot_fn pyllm_active_vec_dot(int type) { return pyllm_vec_dot_kernel(pyllm_active_tier(), type); }
 
+vec_dot_rows_fn pyllm_active_vec_dot_rows(int type) {
+    /* the AVX2 ones serve the tiers above too: every tier's kernels give the same bits */
+    return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows_table_avx2[type] : NULL;
+}
+
 const attention_kernels *pyllm_attention_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && attention_kernels_avx2.dot != NULL) return &attention_kernels_avx2;
     return &attention_kernels_generic;

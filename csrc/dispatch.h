@@ -13,6 +13,9 @@ vec_dot_fn pyllm_vec_dot_kernel(int tier, int type);
 /* The kernel of the active tier. */
 vec_dot_fn pyllm_active_vec_dot(int type);
 
+/* The multi-row kernel of the active tier for weight `type`, or NULL (then: vec_dot row by row). */
+vec_dot_rows_fn pyllm_active_vec_dot_rows(int type);
+
 /* Attention's kernels for `tier` (the AVX2 ones serve every tier above it). */
 const attention_kernels *pyllm_attention_kernels(int tier);
 

@@ -17,6 +17,7 @@
 
 typedef struct {
     vec_dot_fn kernel;
+    vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
     int type;
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
@@ -47,7 +48,20 @@ static void dot_task(void *arg, int ith, int nth) {
     split_range(job->n, ith, nth, &begin, &end);
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        for (int64_t r = 0; r < job->m; ++r) {
+        int64_t r = 0;
+        if (job->rows_kernel != NULL) {  /* X rows in groups: each weight row unpacked once per group */
+            for (; r + 1 < job->m; r += VEC_DOT_MAX_ROWS) {
+                const int n_rows = job->m - r < VEC_DOT_MAX_ROWS ? (int)(job->m - r) : VEC_DOT_MAX_ROWS;
+                const void *acts[VEC_DOT_MAX_ROWS];
+                for (int i = 0; i < n_rows; ++i) acts[i] = job->act + (r + i) * job->act_row_bytes;
+                for (int64_t c = tile; c < tile_end; ++c) {
+                    float out[VEC_DOT_MAX_ROWS];
+                    job->rows_kernel(job->k, job->w + c * job->w_row_bytes, acts, n_rows, out);
+                    for (int i = 0; i < n_rows; ++i) job->y[(r + i) * job->n + c] = out[i];
+                }
+            }
+        }
+        for (; r < job->m; ++r) {
             const uint8_t *act = job->act + r * job->act_row_bytes;
             float *y = job->y + r * job->n;
             for (int64_t c = tile; c < tile_end; ++c) {
@@ -68,6 +82,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
 
     matmul_job job = {
         .kernel = pyllm_active_vec_dot(type),
+        .rows_kernel = pyllm_active_vec_dot_rows(type),
         .type = type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),

@@ -177,6 +177,10 @@ static inline void q3_K_scales(const uint8_t *packed, int8_t out[16]) {
 typedef void (*dequantize_row_fn)(const void *blocks, float *y, int64_t n);
 typedef void (*quantize_row_fn)(const float *x, void *blocks, int64_t n);
 typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
+/* out[r] = vec_dot(n, w, acts[r]) for r < n_rows <= VEC_DOT_MAX_ROWS, bit for bit: one weight row against
+ * several activation rows, unpacking the weights once. */
+#define VEC_DOT_MAX_ROWS 4
+typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const void *const *acts, int n_rows, float *out);
 
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
  * kernel of its own (the dispatcher then uses the next lower tier's). */
@@ -184,6 +188,8 @@ extern const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
+/* Multi-row kernels where a tier has them (NULL elsewhere: matmul then calls vec_dot row by row). */
+extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
 
 /* Attention's inner loops over the half-precision KV cache, one set per tier, bit-identical:
  * dot: q[d] . k[d] in 8 lanes (lane i % 8 takes fmaf in index order), summed as

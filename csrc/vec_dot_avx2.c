@@ -215,6 +215,81 @@ VEC_DOT_32_SYM(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_dot_q5_0)
 VEC_DOT_32_OFFSET(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_dot_q5_1)
 VEC_DOT_32_SYM(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_dot_q8_0)
 
+/* The same kernels over several activation rows: each group of 8 weight blocks is unpacked once
+ * (unpack_*), then met by every row (dot_*), with each row's float steps in the single-row order. */
+static inline __m256i unpack_q4_0(const block_q4_0 *x) {
+    return _mm256_sub_epi8(unpack_nibbles32(x->qs), _mm256_set1_epi8(8));
+}
+static inline __m256i unpack_q4_1(const block_q4_1 *x) { return unpack_nibbles32(x->qs); }
+static inline __m256i unpack_q5_0(const block_q5_0 *x) {
+    const __m256i high = _mm256_andnot_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(unpack_nibbles32(x->qs), high);
+}
+static inline __m256i unpack_q5_1(const block_q5_1 *x) {
+    const __m256i high = _mm256_and_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(unpack_nibbles32(x->qs), high);
+}
+static inline __m256i unpack_q8_0(const block_q8_0 *x) { return load32(x->qs); }
+
+static inline __m256i dot_signed(__m256i q, const block_q8_0 *y) { return widen_sum16(prod_signed(q, load32(y->qs))); }
+static inline __m256i dot_unsigned(__m256i q, const block_q8_1 *y) {
+    return widen_sum16(_mm256_maddubs_epi16(q, load32(y->qs)));
+}
+
+#define EIGHT_UNPACKED(dot, Q, Y) \
+    dot(Q[0], (Y) + 0), dot(Q[1], (Y) + 1), dot(Q[2], (Y) + 2), dot(Q[3], (Y) + 3), \
+        dot(Q[4], (Y) + 4), dot(Q[5], (Y) + 5), dot(Q[6], (Y) + 6), dot(Q[7], (Y) + 7)
+
+/* One weight row against n_rows activation rows of act_t; `extra(r, b)` adds a format's per-group term
+ * (the m * s of the offset formats) after the products, `extra1(r, t)` the same for one tail block. */
+#define VEC_DOT_32_ROWS(name, block_t, act_t, unpack, dot, block_dot, extra, extra1)                        \
+    static void name(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {            \
+        const block_t *x = w;                                                                                 \
+        const int64_t nb = n / QK32;                                                                          \
+        __m256 acc[VEC_DOT_MAX_ROWS];                                                                         \
+        for (int r = 0; r < n_rows; ++r) acc[r] = _mm256_setzero_ps();                                       \
+        int64_t b = 0;                                                                                        \
+        for (; b + 8 <= nb; b += 8) {                                                                         \
+            __m256i q[8];                                                                                     \
+            for (int j = 0; j < 8; ++j) q[j] = unpack(x + b + j);                                             \
+            const __m256 xd = halves8(&x[b].d, sizeof(block_t));                                              \
+            for (int r = 0; r < n_rows; ++r) {                                                                \
+                const act_t *y = (const act_t *)acts[r] + b;                                                  \
+                const __m256 scale = _mm256_mul_ps(xd, halves8(&y[0].d, sizeof(act_t)));                      \
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(block_sums(EIGHT_UNPACKED(dot, q, y))),    \
+                                         acc[r]);                                                             \
+                extra(acc[r], x + b, y);                                                                      \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int r = 0; r < n_rows; ++r) {                                                                    \
+            const act_t *y = acts[r];                                                                         \
+            float lanes[8];                                                                                   \
+            _mm256_storeu_ps(lanes, acc[r]);                                                                  \
+            for (int64_t t = b; t < nb; ++t) {                                                                \
+                const float scale = half_to_float(x[t].d) * half_to_float(y[t].d);                            \
+                lanes[t & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + t, y + t)), lanes[t & 7]);         \
+                extra1(lanes[t & 7], x + t, y + t);                                                           \
+            }                                                                                                 \
+            out[r] = reduce_lanes8(lanes);                                                                    \
+        }                                                                                                     \
+    }
+
+#define NO_EXTRA(acc, x, y) ((void)0)
+#define MIN_TERMS(acc, x, y) \
+    ((acc) = _mm256_fmadd_ps(halves8(&(x)[0].m, sizeof(*(x))), halves8(&(y)[0].s, sizeof(block_q8_1)), (acc)))
+#define MIN_TERM(lane, x, y) ((lane) = fmaf(half_to_float((x)->m), half_to_float((y)->s), (lane)))
+
+VEC_DOT_32_ROWS(vec_dot_rows_q4_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, dot_signed, block_dot_q4_0,
+                NO_EXTRA, NO_EXTRA)
+VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, dot_unsigned, block_dot_q4_1,
+                MIN_TERMS, MIN_TERM)
+VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, dot_signed, block_dot_q5_0,
+                NO_EXTRA, NO_EXTRA)
+VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, dot_unsigned, block_dot_q5_1,
+                MIN_TERMS, MIN_TERM)
+VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, dot_signed, block_dot_q8_0,
+                NO_EXTRA, NO_EXTRA)
+
 /* ------------------------------------------------------------------------ */
 /* K-quants against q8_K: exact superblock sums, then the reference's fmaf  */
 /* ------------------------------------------------------------------------ */
@@ -524,9 +599,16 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
 
 const attention_kernels attention_kernels_avx2 = {attention_dot_avx2, attention_axpy_avx2};
 
+const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,
+    [PYLLM_TYPE_Q5_0] = vec_dot_rows_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows_q5_1_avx2,
+    [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2,
+};
+
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
 const attention_kernels attention_kernels_avx2 = {NULL, NULL};
+const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {0};
 
 #endif

@@ -129,6 +129,44 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
 }
 
+/* Multi-row kernels: each output is the single-row kernel's, bit for bit, for every block count
+ * (groups of 8 and tails) and every number of rows. */
+static void test_rows_kernels_agree(void) {
+    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
+    int checked = 0, bad = 0;
+    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+        const int type = weight_types[ti];
+        const vec_dot_rows_fn rows = vec_dot_rows_table_avx2[type];
+        if (rows == NULL) continue;
+        const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
+        for (int blocks = 1; blocks <= 20; ++blocks) {
+            const int64_t n = QK32 * blocks;
+            uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
+            uint8_t *act[VEC_DOT_MAX_ROWS];
+            float *x = malloc((size_t)n * sizeof(float));
+            random_weights(type, w, n, FILL_RANDOM);
+            for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
+                act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
+                for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+                pyllm_quantize_activations(type, x, act[r], n);
+            }
+            for (int n_rows = 1; n_rows <= VEC_DOT_MAX_ROWS; ++n_rows) {
+                float out[VEC_DOT_MAX_ROWS];
+                rows(n, w, (const void *const *)act, n_rows, out);
+                for (int r = 0; r < n_rows; ++r) {
+                    const float want = one(n, w, act[r]);
+                    bad += memcmp(&want, &out[r], sizeof(float)) != 0;
+                    checked++;
+                }
+            }
+            for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) free(act[r]);
+            free(w);
+            free(x);
+        }
+    }
+    CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
+}
+
 /* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail). */
 static void test_attention_tiers_agree(void) {
     enum { M = 3, N_KV = 17, N_HEAD = 4, N_HEAD_KV = 2, MAX_D = 72 };
@@ -245,6 +283,7 @@ int main(void) {
     test_pool_team_sizes();
     test_attention_tiers_agree();
     test_kv_cache_layer();
+    test_rows_kernels_agree();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
