@@ -520,66 +520,6 @@ static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
-/* Q4_K and Q6_K over several activation rows: a superblock's weights and scales unpacked once, then
- * each row's integer sums (exact, in any order) and its float steps in the single-row order. */
-static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {
-    const block_q4_K *x = w;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float acc[VEC_DOT_MAX_ROWS] = {0};
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        const __m128i scales_mins = k4_scales_mins(x[b].scales);
-        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
-        __m256i q[8], sc[8];
-        for (int c = 0; c < 4; ++c) {
-            const __m256i raw = load32(x[b].qs + 32 * c);
-            q[2 * c] = _mm256_and_si256(raw, m4);
-            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            sc[2 * c] = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c));
-            sc[2 * c + 1] = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c + 1));
-        }
-        for (int r = 0; r < n_rows; ++r) {
-            const block_q8_K *y = (const block_q8_K *)acts[r] + b;
-            __m256i sums = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) sums = _mm256_add_epi32(sums, chunk_dot(q[j], y->qs + 32 * j, sc[j]));
-            acc[r] = k_accumulate(acc[r], y->d, x[b].d, x[b].dmin, sums, k4_mins_product(scales_mins, y));
-        }
-    }
-    for (int r = 0; r < n_rows; ++r) out[r] = acc[r];
-}
-
-static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {
-    const block_q6_K *x = w;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i m2 = _mm256_set1_epi8(0x30);
-    float acc[VEC_DOT_MAX_ROWS] = {0};
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i q[8], sc[8];
-        for (int half = 0; half < 2; ++half) {  /* as q6_K_half: 4 chunks of 32 per 128 elements */
-            const uint8_t *ql = x[b].ql + 64 * half, *qh = x[b].qh + 32 * half;
-            const __m256i ql0 = load32(ql), ql1 = load32(ql + 32), h = load32(qh);
-            const __m128i sc8_half = half ? _mm_srli_si128(sc8, 8) : sc8;
-            const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8_half));
-            q[4 * half + 0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
-            q[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
-            q[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(h, m2));
-            q[4 * half + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                              _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
-            for (int j = 0; j < 4; ++j) sc[4 * half + j] = _mm256_shuffle_epi8(scales, group_pair_pattern(j));
-        }
-        for (int r = 0; r < n_rows; ++r) {
-            const block_q8_K *y = (const block_q8_K *)acts[r] + b;
-            __m256i sums = _mm256_setzero_si256();
-            for (int j = 0; j < 8; ++j) sums = _mm256_add_epi32(sums, chunk_dot(q[j], y->qs + 32 * j, sc[j]));
-            const __m256i corr = _mm256_madd_epi16(sc16, load32(y->bsums));
-            sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(corr, 5));
-            acc[r] = fmaf(y->d * half_to_float(x[b].d), (float)hsum_i32x8(sums), acc[r]);
-        }
-    }
-    for (int r = 0; r < n_rows; ++r) out[r] = acc[r];
-}
-
 /* ------------------------------------------------------------------------ */
 /* float weights against float32 activations: 16 element lanes              */
 /* ------------------------------------------------------------------------ */
@@ -662,8 +602,7 @@ const attention_kernels attention_kernels_avx2 = {attention_dot_avx2, attention_
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,
     [PYLLM_TYPE_Q5_0] = vec_dot_rows_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows_q5_1_avx2,
-    [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows_q4_K_avx2,
-    [PYLLM_TYPE_Q6_K] = vec_dot_rows_q6_K_avx2,
+    [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2,
 };
 
 #else /* not x86-64 with GCC or clang: no kernels of this tier */

@@ -129,8 +129,8 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
 }
 
-/* Multi-row kernels: each output is the single-row kernel's, bit for bit, for 1..20 blocks (groups of
- * 8 and every tail of the 32-element formats) and every number of rows. */
+/* Multi-row kernels: each output is the single-row kernel's, bit for bit, for every block count
+ * (groups of 8 and tails) and every number of rows. */
 static void test_rows_kernels_agree(void) {
     if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
     int checked = 0, bad = 0;
@@ -139,9 +139,8 @@ static void test_rows_kernels_agree(void) {
         const vec_dot_rows_fn rows = vec_dot_rows_table_avx2[type];
         if (rows == NULL) continue;
         const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
-        const int64_t bs = pyllm_type_block_size(type);
         for (int blocks = 1; blocks <= 20; ++blocks) {
-            const int64_t n = bs * blocks;
+            const int64_t n = QK32 * blocks;
             uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
             uint8_t *act[VEC_DOT_MAX_ROWS];
             float *x = malloc((size_t)n * sizeof(float));
