@@ -139,8 +139,9 @@ static void test_rows_kernels_agree(void) {
         const vec_dot_rows_fn rows = vec_dot_rows_table_avx2[type];
         if (rows == NULL) continue;
         const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
+        const int64_t bs = pyllm_type_block_size(type);
         for (int blocks = 1; blocks <= 20; ++blocks) {
-            const int64_t n = QK32 * blocks;
+            const int64_t n = bs * blocks;
             uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
             uint8_t *act[VEC_DOT_MAX_ROWS];
             float *x = malloc((size_t)n * sizeof(float));
