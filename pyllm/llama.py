@@ -51,6 +51,9 @@ class CompletionStream(Iterator[dict[str, Any]]):
         if close is not None:
             close()
 
+    def __del__(self) -> None:
+        self.request.cancel()  # a stream dropped unread must not keep generating
+
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string (to hold back)."""

@@ -135,3 +135,19 @@ def test_bench_prints_llama_bench_records(smollm2_path) -> None:
         assert len(r["samples_ts"]) == 2 and r["avg_ts"] > 0 and r["stddev_ts"] >= 0
     bad = CliRunner().invoke(main, ["bench", str(smollm2_path), "-t", "two"])
     assert bad.exit_code == 2 and "comma-separated" in bad.output
+
+
+def test_a_dropped_stream_stops_generating(llm: Llama) -> None:
+    import gc
+    import time
+
+    stream = llm.create_completion("Once upon a time", max_tokens=200, temperature=0, stream=True,
+                                   logit_bias={t: float("-inf") for t in llm.tokenizer.eog_ids})
+    request = stream.request
+    del stream
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while request.finish_reason is None:
+        assert time.monotonic() < deadline, "the dropped stream kept generating"
+        time.sleep(0.05)
+    assert request.finish_reason == "cancelled" and request.n_generated < 200
