@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from llamacpp_params import llama_cpp_defaults
 
 from pyllm import catalogue
 from pyllm.gguf import GGUFFile
@@ -137,25 +138,6 @@ def default_text(n_chars: int = 24000) -> str:
     return (PROSE + "\n" + "\n\n".join(paragraphs))[:n_chars]
 
 
-@contextlib.contextmanager
-def _llama_cpp_repack(enabled: bool):
-    """Load llama.cpp models with its repacked (interleaved) CPU weight layouts on or off."""
-    import llama_cpp.llama as bindings
-
-    default_params = bindings.llama_cpp.llama_model_default_params
-
-    def params():
-        p = default_params()
-        p.use_extra_bufts = enabled
-        return p
-
-    bindings.llama_cpp.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        bindings.llama_cpp.llama_model_default_params = default_params
-
-
 def _requant_variants() -> list[tuple[str, bool]]:
     plain = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K_M", "Q5_K_M", "Q6_K"]
     pure = ["Q2_K", "Q3_K_S", "Q4_K_M"]
@@ -223,7 +205,7 @@ def llama_cpp_alternatives(path: str, n_ctx: int, threads: int) -> dict[str, obj
     """llama.cpp instances whose answers should equal the default's: repacked layouts off; micro-batch of 1."""
     import llama_cpp
 
-    with _llama_cpp_repack(False):
+    with llama_cpp_defaults("llama_model_default_params", use_extra_bufts=False):  # repacking off
         no_repack = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False,
                                     n_threads=threads)
     ubatch1 = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=1, logits_all=True,

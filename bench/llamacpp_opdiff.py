@@ -17,6 +17,7 @@ import argparse
 import ctypes
 
 import numpy as np
+from llamacpp_params import llama_cpp_defaults
 
 from pyllm import catalogue, kernels
 from pyllm.gguf import GGUFFile
@@ -36,7 +37,6 @@ class GGMLTensor(ctypes.Structure):
 def capture(path: str, tokens: list[int], layer: int, threads: int) -> dict[str, list[np.ndarray]]:
     """llama.cpp's float tensors named '<step>-<layer>' (and the output's), in the order computed."""
     import llama_cpp
-    import llama_cpp.llama as bindings
 
     got: dict[str, list[np.ndarray]] = {}
 
@@ -54,20 +54,10 @@ def capture(path: str, tokens: list[int], layer: int, threads: int) -> dict[str,
         return True
 
     callback = llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
-    default_params = bindings.llama_cpp.llama_context_default_params
-
-    def params():
-        p = default_params()
-        p.cb_eval = callback
-        return p
-
-    bindings.llama_cpp.llama_context_default_params = params
-    try:
+    with llama_cpp_defaults("llama_context_default_params", cb_eval=callback):
         ref = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=256, logits_all=True, verbose=False,
                               n_threads=threads)
         ref.eval(tokens)
-    finally:
-        bindings.llama_cpp.llama_context_default_params = default_params
     return got
 
 
