@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .engine import EngineClosedError, QueueFullError
 from .llama import CompletionStream, Llama
 from .model import ContextFullError
-from .sampling import SamplingError
+from .sampling import SamplingError, SamplingParams
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
@@ -46,19 +46,23 @@ def _error_body(message: str, kind: str, param: str | None, code: str | None) ->
 # ---- request bodies ---------------------------------------------------------------------------------
 
 
+_DEFAULTS = SamplingParams()
+
+
 class _Sampling(BaseModel):
-    """The sampling fields both endpoints take (llama-server's defaults where OpenAI's differ)."""
+    """The sampling fields both endpoints take, with the Python API's defaults (llama.cpp's, where OpenAI's
+    differ)."""
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = _DEFAULTS.temperature
+    top_p: float = _DEFAULTS.top_p
+    top_k: int = _DEFAULTS.top_k
+    min_p: float = _DEFAULTS.min_p
+    typical_p: float = _DEFAULTS.typical_p
+    repeat_penalty: float = _DEFAULTS.repeat_penalty
+    presence_penalty: float = _DEFAULTS.presence_penalty
+    frequency_penalty: float = _DEFAULTS.frequency_penalty
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
