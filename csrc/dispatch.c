@@ -159,7 +159,7 @@ vec_dot_rows_fn pyllm_active_vec_dot_rows(int type) {
 }
 
 const attention_kernels *pyllm_attention_kernels(int tier) {
-    if (tier >= PYLLM_TIER_AVX2 && attention_kernels_avx2.dot != NULL) return &attention_kernels_avx2;
+    if (tier >= PYLLM_TIER_AVX2 && attention_kernels_avx2.dots != NULL) return &attention_kernels_avx2;
     return &attention_kernels_generic;
 }
 

@@ -82,6 +82,11 @@ typedef struct {
     const attention_kernels *kernels;
 } attention_job;
 
+static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
+    const int32_t kp = job->kpos[t];
+    return kp >= 0 && kp <= qp && (job->window <= 0 || qp - kp < job->window);
+}
+
 /* One (query row, head): softmax over the visible keys in cache order, then the weighted sum of values. */
 static void attend_one(const attention_job *job, int64_t r, int64_t h, float *scores) {
     const int64_t d = job->d, group = job->n_head / job->n_head_kv, hk = h / group;
@@ -89,16 +94,21 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     float *out = job->out + (r * job->n_head + h) * d;
     const int32_t qp = job->qpos[r];
     float max = -INFINITY;
-    for (int64_t t = 0; t < job->n_kv; ++t) {
-        const int32_t kp = job->kpos[t];
-        if (kp < 0 || kp > qp || (job->window > 0 && qp - kp >= job->window)) {
-            scores[t] = -INFINITY;
+    const int64_t stride = job->n_head_kv * d;
+    for (int64_t t = 0; t < job->n_kv;) {
+        if (!key_visible(job, t, qp)) {
+            scores[t++] = -INFINITY;
             continue;
         }
-        float s = job->kernels->dot(q, job->k + (t * job->n_head_kv + hk) * d, d) * job->scale;
-        if (job->softcap > 0.0f) s = job->softcap * tanhf(s / job->softcap);
-        scores[t] = s;
-        max = s > max ? s : max;
+        int64_t end = t + 1;  /* a run of visible slots: their dot products in one call */
+        while (end < job->n_kv && key_visible(job, end, qp)) ++end;
+        job->kernels->dots(q, job->k + t * stride + hk * d, stride, end - t, d, scores + t);
+        for (; t < end; ++t) {
+            float s = scores[t] * job->scale;
+            if (job->softcap > 0.0f) s = job->softcap * tanhf(s / job->softcap);
+            scores[t] = s;
+            max = s > max ? s : max;
+        }
     }
     for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
     if (max == -INFINITY) return;  /* no visible key */

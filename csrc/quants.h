@@ -192,11 +192,11 @@ extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
 
 /* Attention's inner loops over the half-precision KV cache, one set per tier, bit-identical:
- * dot: q[d] . k[d] in 8 lanes (lane i % 8 takes fmaf in index order), summed as
- *      ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
+ * dots: out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes fmaf
+ *       in index order), summed as reduce_lanes8 does: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
  * axpy: out[i] = fmaf(p, v[i], out[i]). */
 typedef struct {
-    float (*dot)(const float *q, const fp16_t *k, int64_t d);
+    void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*axpy)(float *out, float p, const fp16_t *v, int64_t d);
 } attention_kernels;
 

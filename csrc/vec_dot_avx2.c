@@ -558,14 +558,39 @@ static inline __m256 load8_bf16(const void *w, int64_t i) {
 
 static inline __m256 halves_to_floats8(const fp16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
-static float attention_dot_avx2(const float *q, const fp16_t *k, int64_t d) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), halves_to_floats8(k + i), acc);
+/* The lanes of acc, then the tail elements from i on, reduced as the generic kernel reduces them. */
+static inline float attention_finish(__m256 acc, const float *q, const fp16_t *k, int64_t i, int64_t d) {
     float lane[8];
     _mm256_storeu_ps(lane, acc);
     for (; i < d; ++i) lane[i % 8] = fmaf(q[i], half_to_float(k[i]), lane[i % 8]);
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    return reduce_lanes8(lane);
+}
+
+/* Four keys at a time: four independent FMA chains instead of one waiting on its own latency. */
+static void attention_dots_avx2(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out) {
+    const int64_t d8 = d / 8 * 8;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const fp16_t *k0 = k + j * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m256 qi = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qi, halves_to_floats8(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(qi, halves_to_floats8(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(qi, halves_to_floats8(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(qi, halves_to_floats8(k3 + i), a3);
+        }
+        out[j] = attention_finish(a0, q, k0, d8, d);
+        out[j + 1] = attention_finish(a1, q, k1, d8, d);
+        out[j + 2] = attention_finish(a2, q, k2, d8, d);
+        out[j + 3] = attention_finish(a3, q, k3, d8, d);
+    }
+    for (; j < n; ++j) {
+        const fp16_t *kj = k + j * stride;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), halves_to_floats8(kj + i), acc);
+        out[j] = attention_finish(acc, q, kj, d8, d);
+    }
 }
 
 static void attention_axpy_avx2(float *out, float p, const fp16_t *v, int64_t d) {
@@ -597,7 +622,7 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_avx2,
 };
 
-const attention_kernels attention_kernels_avx2 = {attention_dot_avx2, attention_axpy_avx2};
+const attention_kernels attention_kernels_avx2 = {attention_dots_avx2, attention_axpy_avx2};
 
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,

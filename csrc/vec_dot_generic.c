@@ -254,18 +254,18 @@ const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT] = {
 
 /* ---- attention over the half-precision cache ---- */
 
-static float lanes8_sum(const float lane[8]) {
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-}
-
-static float attention_dot_generic(const float *q, const fp16_t *k, int64_t d) {
-    float lane[8] = {0};
-    for (int64_t i = 0; i < d; ++i) lane[i % 8] = fmaf(q[i], fp16_to_fp32(k[i]), lane[i % 8]);
-    return lanes8_sum(lane);
+static void attention_dots_generic(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d,
+                                   float *out) {
+    for (int64_t j = 0; j < n; ++j) {
+        const fp16_t *kj = k + j * stride;
+        float lane[8] = {0};
+        for (int64_t i = 0; i < d; ++i) lane[i % 8] = fmaf(q[i], fp16_to_fp32(kj[i]), lane[i % 8]);
+        out[j] = reduce_lanes8(lane);
+    }
 }
 
 static void attention_axpy_generic(float *out, float p, const fp16_t *v, int64_t d) {
     for (int64_t i = 0; i < d; ++i) out[i] = fmaf(p, fp16_to_fp32(v[i]), out[i]);
 }
 
-const attention_kernels attention_kernels_generic = {attention_dot_generic, attention_axpy_generic};
+const attention_kernels attention_kernels_generic = {attention_dots_generic, attention_axpy_generic};
