@@ -43,6 +43,47 @@ __all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError"]
 log = logging.getLogger(__name__)
 
 
+def _merge_pairs(sym: list[str], priority) -> list[str]:
+    """Merge adjacent symbols, lowest priority(left, right) first (ties: leftmost), while some pair has one
+    (priority returns None for a pair that does not merge); the merged symbols in order.
+
+    A heap of candidate pairs over a linked list of symbols: SentencePiece's merge (priority = -score) and
+    byte-level BPE's (priority = merge rank) alike.
+    """
+    n = len(sym)
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    heap = []
+    for i in range(n - 1):
+        p = priority(sym[i], sym[i + 1])
+        if p is not None:
+            heap.append((p, i, i + 1, len(sym[i]) + len(sym[i + 1])))
+    heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        _, left, right, size = pop(heap)
+        ls, rs = sym[left], sym[right]
+        if not ls or not rs or len(ls) + len(rs) != size:
+            continue  # one side changed since this pair was queued
+        merged = ls + rs
+        sym[left] = merged
+        sym[right] = ""
+        after = nxt[right]
+        nxt[left] = after
+        if after >= 0:
+            prv[after] = left
+        before = prv[left]
+        if before >= 0:
+            p = priority(sym[before], merged)
+            if p is not None:
+                push(heap, (p, before, left, len(sym[before]) + len(merged)))
+        if after >= 0:
+            p = priority(merged, sym[after])
+            if p is not None:
+                push(heap, (p, left, after, len(merged) + len(sym[after])))
+    return [piece for piece in sym if piece]
+
 class TokenizerError(ValueError):
     """A vocabulary pyllm cannot use, or a token id it does not have."""
 
@@ -633,51 +674,20 @@ class Tokenizer:
 
     def _spm_merge(self, text: str, out: list[int]) -> None:
         """Merge characters best-score-first (ties: leftmost) while the merged text is a token."""
-        n = len(text)
-        if n == 0:
+        if not text:
             return
         tok, scores = self._token_to_id, self._scores
-        sym = list(text)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap = []
-        for i in range(n - 1):
-            t = tok.get(sym[i] + sym[i + 1])
-            if t is not None:
-                heap.append((-scores[t], i, i + 1, 2))
-        heapq.heapify(heap)
-        pop, push = heapq.heappop, heapq.heappush
-        while heap:
-            _, left, right, size = pop(heap)
-            ls, rs = sym[left], sym[right]
-            if not ls or not rs or len(ls) + len(rs) != size:
-                continue  # one side changed since this pair was queued
-            merged = ls + rs
-            sym[left] = merged
-            sym[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prv[after] = left
-            before = prv[left]
-            if before >= 0:
-                t = tok.get(sym[before] + merged)
-                if t is not None:
-                    push(heap, (-scores[t], before, left, len(sym[before]) + len(merged)))
-            if after >= 0:
-                t = tok.get(merged + sym[after])
-                if t is not None:
-                    push(heap, (-scores[t], left, after, len(merged) + len(sym[after])))
-        i = 0
-        while i != -1:
-            piece = sym[i]
+
+        def priority(left: str, right: str) -> float | None:
+            t = tok.get(left + right)
+            return None if t is None else -scores[t]
+
+        for piece in _merge_pairs(list(text), priority):
             t = tok.get(piece)
             if t is not None:
                 out.append(t)
             else:
                 out.extend(self._byte_token(b) for b in piece.encode("utf-8", "surrogatepass"))
-            i = nxt[i]
 
     def _byte_token(self, byte: int) -> int:
         """The SPM byte-fallback token ``<0xXX>`` (or the byte's own one-character token)."""
@@ -740,39 +750,7 @@ class Tokenizer:
     def _bpe_merge_long(self, word: str) -> list[str]:
         """`_bpe_merge` with a priority queue, for long words."""
         ranks = self._ranks
-        n = len(word)
-        sym = list(word)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap = []
-        for i in range(n - 1):
-            r = ranks.get(sym[i] + " " + sym[i + 1])
-            if r is not None:
-                heap.append((r, i, i + 1, 2))
-        heapq.heapify(heap)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            ls, rs = sym[left], sym[right]
-            if not ls or not rs or len(ls) + len(rs) != size:
-                continue
-            merged = ls + rs
-            sym[left] = merged
-            sym[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prv[after] = left
-            before = prv[left]
-            if before >= 0:
-                r = ranks.get(sym[before] + " " + merged)
-                if r is not None:
-                    heapq.heappush(heap, (r, before, left, len(sym[before]) + len(merged)))
-            if after >= 0:
-                r = ranks.get(merged + " " + sym[after])
-                if r is not None:
-                    heapq.heappush(heap, (r, left, after, len(merged) + len(sym[after])))
-        return [s for s in sym if s]
+        return _merge_pairs(list(word), lambda left, right: ranks.get(left + " " + right))
 
     # -- decoding --
 
