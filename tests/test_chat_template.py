@@ -28,6 +28,16 @@ CONVERSATION = [
 SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
+# CONVERSATION in ChatML, with the generation prompt
+CHATML_CONVERSATION = (
+    "<|im_start|>system\nYou are terse.<|im_end|>\n"
+    "<|im_start|>user\nHi<|im_end|>\n"
+    "<|im_start|>assistant\nHello!<|im_end|>\n"
+    "<|im_start|>user\nBye<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
 def _tokens(f: GGUFFile) -> tuple[str, str]:
     vocab = f.get("tokenizer.ggml.tokens")
     return vocab[f.get("tokenizer.ggml.bos_token_id")], vocab[f.get("tokenizer.ggml.eos_token_id")]
@@ -54,13 +64,7 @@ def test_smollm2_template_renders_chatml(smollm2_path: Path, smollm2_template: s
     with GGUFFile(smollm2_path) as f:
         bos, eos = _tokens(f)
     text = render_chat(smollm2_template, CONVERSATION, bos_token=bos, eos_token=eos, family="llama")
-    assert text == (
-        "<|im_start|>system\nYou are terse.<|im_end|>\n"
-        "<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\nHello!<|im_end|>\n"
-        "<|im_start|>user\nBye<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
+    assert text == CHATML_CONVERSATION
 
 
 def test_smollm2_template_adds_its_default_system_prompt(smollm2_template: str) -> None:
@@ -110,13 +114,7 @@ def test_gemma_builtin_requires_alternating_roles() -> None:
 
 def test_chatml_builtin() -> None:
     text = _render(None, CONVERSATION, family="qwen2")
-    assert text == (
-        "<|im_start|>system\nYou are terse.<|im_end|>\n"
-        "<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\nHello!<|im_end|>\n"
-        "<|im_start|>user\nBye<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
+    assert text == CHATML_CONVERSATION
     assert _render(None, CONVERSATION[:2], family="qwen3", add_generation_prompt=False) == (
         "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
     )
