@@ -43,20 +43,21 @@ __all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError"]
 log = logging.getLogger(__name__)
 
 
-def _merge_pairs(sym: list[str], priority) -> list[str]:
-    """Merge adjacent symbols, lowest priority(left, right) first (ties: leftmost), while some pair has one
-    (priority returns None for a pair that does not merge); the merged symbols in order.
+def _merge_pairs(sym: list[str], priorities: Mapping[str, float], sep: str) -> list[str]:
+    """Merge adjacent symbols, the pair with the lowest priorities[left + sep + right] first (ties: leftmost),
+    while some pair has one; the merged symbols in order.
 
-    A heap of candidate pairs over a linked list of symbols: SentencePiece's merge (priority = -score) and
-    byte-level BPE's (priority = merge rank) alike.
+    A heap of candidate pairs over a linked list of symbols: SentencePiece's merge (priority = -score of the
+    merged piece, sep "") and byte-level BPE's (priority = merge rank of "left right", sep " ") alike.
     """
+    priority = priorities.get
     n = len(sym)
     nxt = list(range(1, n + 1))
     nxt[-1] = -1
     prv = list(range(-1, n - 1))
     heap = []
     for i in range(n - 1):
-        p = priority(sym[i], sym[i + 1])
+        p = priority(sym[i] + sep + sym[i + 1])
         if p is not None:
             heap.append((p, i, i + 1, len(sym[i]) + len(sym[i + 1])))
     heapq.heapify(heap)
@@ -75,11 +76,11 @@ def _merge_pairs(sym: list[str], priority) -> list[str]:
             prv[after] = left
         before = prv[left]
         if before >= 0:
-            p = priority(sym[before], merged)
+            p = priority(sym[before] + sep + merged)
             if p is not None:
                 push(heap, (p, before, left, len(sym[before]) + len(merged)))
         if after >= 0:
-            p = priority(merged, sym[after])
+            p = priority(merged + sep + sym[after])
             if p is not None:
                 push(heap, (p, left, after, len(merged) + len(sym[after])))
     return [piece for piece in sym if piece]
@@ -672,17 +673,17 @@ class Tokenizer:
         if start < len(data):
             self._spm_merge(data[start:].decode("utf-8"), out)
 
+    @functools.cached_property
+    def _spm_priorities(self) -> dict[str, float]:
+        """piece text -> -score: SentencePiece merges the best-scoring piece first."""
+        return {text: -self._scores[t] for text, t in self._token_to_id.items()}
+
     def _spm_merge(self, text: str, out: list[int]) -> None:
         """Merge characters best-score-first (ties: leftmost) while the merged text is a token."""
         if not text:
             return
-        tok, scores = self._token_to_id, self._scores
-
-        def priority(left: str, right: str) -> float | None:
-            t = tok.get(left + right)
-            return None if t is None else -scores[t]
-
-        for piece in _merge_pairs(list(text), priority):
+        tok = self._token_to_id
+        for piece in _merge_pairs(list(text), self._spm_priorities, ""):
             t = tok.get(piece)
             if t is not None:
                 out.append(t)
@@ -749,8 +750,7 @@ class Tokenizer:
 
     def _bpe_merge_long(self, word: str) -> list[str]:
         """`_bpe_merge` with a priority queue, for long words."""
-        ranks = self._ranks
-        return _merge_pairs(list(word), lambda left, right: ranks.get(left + " " + right))
+        return _merge_pairs(list(word), self._ranks, " ")
 
     # -- decoding --
 
