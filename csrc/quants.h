@@ -10,10 +10,12 @@
  *
  * The fixed reduction order (so every tier gives the same bits; see
  * vec_dot_generic.c, which defines it):
- *   - 32-element formats: an exact int32 sum per block, then per block
- *     acc[b % 8] = fmaf(scale, (float)sum, acc[b % 8]) (8 lanes), then
- *     acc8 -> 4 -> 2 -> 1 by adding lane i + half to lane i. Q4_1 / Q5_1 then
- *     add fmaf(m, s, lane) with their q8_1 activation block's s.
+ *   - 32-element formats (llama.cpp's x86 order, so both give the same bits):
+ *     lane l (0..7) of a block is the exact int sum of its elements 4l..4l+3;
+ *     blocks in order, acc[l] = fmaf(d_w * d_a, (float)lane l, acc[l]); then
+ *     acc8 -> 4 -> 2 -> 1 by adding lane i + half to lane i. Q4_1 / Q5_1 also
+ *     chain mins = fmaf(m, s, mins) over the blocks (s: the q8_1 activation
+ *     block's) and return the lane total + mins.
  *   - K-quants: an exact int32 sum per 256-element superblock, then one
  *     accumulator, acc = fmaf(scale, (float)sum, acc), superblocks in order.
  *   - float weights: acc[i % 16] = fmaf(w[i], x[i], acc[i % 16]) (16 lanes),

@@ -6,10 +6,8 @@
  * exactly, in whatever order suits the vector unit, and every float operation
  * the reference does (products of scales, fmaf into a lane, the final lane
  * tree) is done here on the same values in the same order:
- *   - 32-element formats: 8 blocks at a time, their 8 exact int sums in one
- *     vector whose lane k belongs to block b + k, so one _mm256_fmadd_ps is
- *     exactly the reference's 8 fmaf into acc[b & 7]; leftover blocks go into
- *     their lanes by scalar fmaf.
+ *   - 32-element formats: a block's 8 exact 4-element sums are one vector, so
+ *     one _mm256_fmadd_ps per block is exactly the reference's 8 fmaf.
  *   - K-quants: the exact int sums of a superblock, then the reference's
  *     scalar fmaf.
  *   - float weights: two 8-lane accumulators (lanes 0-7 and 8-15).
@@ -89,139 +87,17 @@ static inline __m256i prod_signed(__m256i q, __m256i a) {
 
 static inline __m256i widen_sum16(__m256i p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
 
-/*
- * Eight vectors of 8 int32 partial sums -> one vector whose lane k is the
- * total of s_k: a transpose-and-add tree of unpacks (vphaddd has a quarter of
- * an unpack's throughput on Zen 3, and the tree of them was measurably slower).
- */
-static inline __m256i sum_pairs_2(__m256i a, __m256i b) {  /* a0+a2 b0+b2 a1+a3 b1+b3 (per 128 bits) */
-    return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
-}
-static inline __m256i sum_pairs_4(__m256i ab, __m256i cd) {  /* a b c d (per 128 bits) */
-    return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
-}
-static inline __m256i block_sums(__m256i s0, __m256i s1, __m256i s2, __m256i s3, __m256i s4,
-                                 __m256i s5, __m256i s6, __m256i s7) {
-    /* lanes 0..3: s0..s3 summed over their low 128 bits, lanes 4..7: over their high 128 bits */
-    const __m256i lo = sum_pairs_4(sum_pairs_2(s0, s1), sum_pairs_2(s2, s3));
-    const __m256i hi = sum_pairs_4(sum_pairs_2(s4, s5), sum_pairs_2(s6, s7));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
-}
-
-/* The fp16 at p, p + stride, ..., p + 7 * stride as 8 floats (gathered in
- * general registers: cheaper than eight vector inserts). */
-static inline uint64_t half_at(const uint8_t *c, size_t offset) {
-    uint16_t h;
-    memcpy(&h, c + offset, 2);
-    return h;
-}
-
-static inline __m256 halves8(const void *p, size_t stride) {
-    const uint8_t *c = p;
-    uint64_t lo = half_at(c, 0) | half_at(c, stride) << 16 | half_at(c, 2 * stride) << 32 |
-                  half_at(c, 3 * stride) << 48;
-    uint64_t hi = half_at(c, 4 * stride) | half_at(c, 5 * stride) << 16 | half_at(c, 6 * stride) << 32 |
-                  half_at(c, 7 * stride) << 48;
-    /* keep the packing in general registers: the compiler's vectorized version of it is slower */
-    __asm__("" : "+r"(lo), "+r"(hi));
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
-}
-
 /* ------------------------------------------------------------------------ */
-/* 32-element formats against q8_0: 8 block lanes                            */
+/* 32-element formats: 8 lanes of 4-element sums, chained block by block    */
 /* ------------------------------------------------------------------------ */
 
-/* Per-block products as 8 int32 partial sums (maddubs pairs stay within
- * int16: at most 2 * 128 * 127 for q8_0, 2 * 31 * 127 for unsigned q5). */
-static inline __m256i block_dot_q4_0(const block_q4_0 *x, const block_q8_0 *y) {
-    const __m256i q = _mm256_sub_epi8(unpack_nibbles32(x->qs), _mm256_set1_epi8(8));
-    return widen_sum16(prod_signed(q, load32(y->qs)));
-}
-
-static inline __m256i block_dot_q4_1(const block_q4_1 *x, const block_q8_1 *y) {
-    return widen_sum16(_mm256_maddubs_epi16(unpack_nibbles32(x->qs), load32(y->qs)));
-}
-
-static inline __m256i block_dot_q5_0(const block_q5_0 *x, const block_q8_0 *y) {
-    /* q - 16 = the nibble | 0xF0 where the fifth bit is clear, the bare nibble where it is set */
-    const __m256i high = _mm256_andnot_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8((char)0xF0));
-    return widen_sum16(prod_signed(_mm256_or_si256(unpack_nibbles32(x->qs), high), load32(y->qs)));
-}
-
-static inline __m256i block_dot_q5_1(const block_q5_1 *x, const block_q8_1 *y) {
-    const __m256i high = _mm256_and_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8(0x10));
-    return widen_sum16(_mm256_maddubs_epi16(_mm256_or_si256(unpack_nibbles32(x->qs), high), load32(y->qs)));
-}
-
-static inline __m256i block_dot_q8_0(const block_q8_0 *x, const block_q8_0 *y) {
-    return widen_sum16(prod_signed(load32(x->qs), load32(y->qs)));
-}
-
-#define EIGHT(fn, X, Y)                                                                                       \
-    fn((X) + 0, (Y) + 0), fn((X) + 1, (Y) + 1), fn((X) + 2, (Y) + 2), fn((X) + 3, (Y) + 3),                   \
-        fn((X) + 4, (Y) + 4), fn((X) + 5, (Y) + 5), fn((X) + 6, (Y) + 6), fn((X) + 7, (Y) + 7)
-
-/* x = d * q */
-#define VEC_DOT_32_SYM(name, block_t, block_dot)                                                              \
-    static float name(int64_t n, const void *w, const void *act) {                                            \
-        const block_t *x = w;                                                                                 \
-        const block_q8_0 *y = act;                                                                            \
-        const int64_t nb = n / QK32;                                                                          \
-        __m256 acc = _mm256_setzero_ps();                                                                     \
-        int64_t b = 0;                                                                                        \
-        for (; b + 8 <= nb; b += 8) {                                                                         \
-            const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)),                             \
-                                               halves8(&y[b].d, sizeof(block_q8_0)));                         \
-            const __m256 dot = _mm256_cvtepi32_ps(block_sums(EIGHT(block_dot, x + b, y + b)));                \
-            acc = _mm256_fmadd_ps(scale, dot, acc);                                                           \
-        }                                                                                                     \
-        float lanes[8];                                                                                       \
-        _mm256_storeu_ps(lanes, acc);                                                                         \
-        for (; b < nb; ++b) {                                                                                 \
-            const float scale = half_to_float(x[b].d) * half_to_float(y[b].d);                                \
-            lanes[b & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + b, y + b)), lanes[b & 7]);             \
-        }                                                                                                     \
-        return reduce_lanes8(lanes);                                                                          \
-    }
-
-/* x = d * q + m, against q8_1 activations (which carry s = d_a * sum(a)) */
-#define VEC_DOT_32_OFFSET(name, block_t, block_dot)                                                           \
-    static float name(int64_t n, const void *w, const void *act) {                                            \
-        const block_t *x = w;                                                                                 \
-        const block_q8_1 *y = act;                                                                            \
-        const int64_t nb = n / QK32;                                                                          \
-        __m256 acc = _mm256_setzero_ps();                                                                     \
-        int64_t b = 0;                                                                                        \
-        for (; b + 8 <= nb; b += 8) {                                                                         \
-            const __m256 scale = _mm256_mul_ps(halves8(&x[b].d, sizeof(block_t)),                             \
-                                               halves8(&y[b].d, sizeof(block_q8_1)));                         \
-            const __m256 dot = _mm256_cvtepi32_ps(block_sums(EIGHT(block_dot, x + b, y + b)));                \
-            acc = _mm256_fmadd_ps(scale, dot, acc);                                                           \
-            acc = _mm256_fmadd_ps(halves8(&x[b].m, sizeof(block_t)), halves8(&y[b].s, sizeof(block_q8_1)), acc); \
-        }                                                                                                     \
-        float lanes[8];                                                                                       \
-        _mm256_storeu_ps(lanes, acc);                                                                         \
-        for (; b < nb; ++b) {                                                                                 \
-            const float scale = half_to_float(x[b].d) * half_to_float(y[b].d);                                \
-            lanes[b & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + b, y + b)), lanes[b & 7]);             \
-            lanes[b & 7] = fmaf(half_to_float(x[b].m), half_to_float(y[b].s), lanes[b & 7]);                  \
-        }                                                                                                     \
-        return reduce_lanes8(lanes);                                                                          \
-    }
-
-VEC_DOT_32_SYM(vec_dot_q4_0_q8_0_avx2, block_q4_0, block_dot_q4_0)
-VEC_DOT_32_OFFSET(vec_dot_q4_1_q8_1_avx2, block_q4_1, block_dot_q4_1)
-VEC_DOT_32_SYM(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_dot_q5_0)
-VEC_DOT_32_OFFSET(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_dot_q5_1)
-VEC_DOT_32_SYM(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_dot_q8_0)
-
-/* The same kernels over several activation rows: each group of 8 weight blocks is unpacked once
- * (unpack_*), then met by every row (dot_*), with each row's float steps in the single-row order. */
+/* A block's quants as 32 bytes in element order (signed, or unsigned for Q4_1 / Q5_1). */
 static inline __m256i unpack_q4_0(const block_q4_0 *x) {
     return _mm256_sub_epi8(unpack_nibbles32(x->qs), _mm256_set1_epi8(8));
 }
 static inline __m256i unpack_q4_1(const block_q4_1 *x) { return unpack_nibbles32(x->qs); }
 static inline __m256i unpack_q5_0(const block_q5_0 *x) {
+    /* q - 16 = the nibble | 0xF0 where the fifth bit is clear, the bare nibble where it is set */
     const __m256i high = _mm256_andnot_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8((char)0xF0));
     return _mm256_or_si256(unpack_nibbles32(x->qs), high);
 }
@@ -231,64 +107,72 @@ static inline __m256i unpack_q5_1(const block_q5_1 *x) {
 }
 static inline __m256i unpack_q8_0(const block_q8_0 *x) { return load32(x->qs); }
 
-static inline __m256i dot_signed(__m256i q, const block_q8_0 *y) { return widen_sum16(prod_signed(q, load32(y->qs))); }
-static inline __m256i dot_unsigned(__m256i q, const block_q8_1 *y) {
-    return widen_sum16(_mm256_maddubs_epi16(q, load32(y->qs)));
+/* int32 lane l = sum of q[j] * a[j] over j = 4l..4l+3 (maddubs pairs stay within int16:
+ * at most 2 * 128 * 127 for signed q, 2 * 31 * 127 for unsigned q5) */
+static inline __m256i lanes_signed(__m256i q, const int8_t *a) { return widen_sum16(prod_signed(q, load32(a))); }
+static inline __m256i lanes_unsigned(__m256i q, const int8_t *a) {
+    return widen_sum16(_mm256_maddubs_epi16(q, load32(a)));
 }
 
-#define EIGHT_UNPACKED(dot, Q, Y) \
-    dot(Q[0], (Y) + 0), dot(Q[1], (Y) + 1), dot(Q[2], (Y) + 2), dot(Q[3], (Y) + 3), \
-        dot(Q[4], (Y) + 4), dot(Q[5], (Y) + 5), dot(Q[6], (Y) + 6), dot(Q[7], (Y) + 7)
+/* Q4_1 / Q5_1: mins = fmaf(m, s, mins) */
+#define MIN_STEP(mins, x, y) ((mins) = fmaf(half_to_float((x)->m), half_to_float((y)->s), (mins)))
+#define NO_MIN_STEP(mins, x, y) ((void)(mins))
 
-/* One weight row against n_rows activation rows of act_t; `extra(r, b)` adds a format's per-group term
- * (the m * s of the offset formats) after the products, `extra1(r, t)` the same for one tail block. */
-#define VEC_DOT_32_ROWS(name, block_t, act_t, unpack, dot, block_dot, extra, extra1)                        \
-    static void name(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {            \
+static inline float lanes_total(__m256 acc) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    return reduce_lanes8(lanes);
+}
+
+#define VEC_DOT_32(name, block_t, act_t, unpack, lanes, min_step, has_min)                                    \
+    static float name(int64_t n, const void *w, const void *act) {                                            \
         const block_t *x = w;                                                                                 \
-        const int64_t nb = n / QK32;                                                                          \
-        __m256 acc[VEC_DOT_MAX_ROWS];                                                                         \
-        for (int r = 0; r < n_rows; ++r) acc[r] = _mm256_setzero_ps();                                       \
-        int64_t b = 0;                                                                                        \
-        for (; b + 8 <= nb; b += 8) {                                                                         \
-            __m256i q[8];                                                                                     \
-            for (int j = 0; j < 8; ++j) q[j] = unpack(x + b + j);                                             \
-            const __m256 xd = halves8(&x[b].d, sizeof(block_t));                                              \
-            for (int r = 0; r < n_rows; ++r) {                                                                \
-                const act_t *y = (const act_t *)acts[r] + b;                                                  \
-                const __m256 scale = _mm256_mul_ps(xd, halves8(&y[0].d, sizeof(act_t)));                      \
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(block_sums(EIGHT_UNPACKED(dot, q, y))),    \
-                                         acc[r]);                                                             \
-                extra(acc[r], x + b, y);                                                                      \
-            }                                                                                                 \
+        const act_t *y = act;                                                                                 \
+        __m256 acc = _mm256_setzero_ps();                                                                     \
+        float mins = 0.0f;                                                                                    \
+        for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
+            const __m256 scale = _mm256_set1_ps(half_to_float(x[b].d) * half_to_float(y[b].d));               \
+            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes(unpack(x + b), y[b].qs)), acc);             \
+            min_step(mins, x + b, y + b);                                                                     \
         }                                                                                                     \
-        for (int r = 0; r < n_rows; ++r) {                                                                    \
-            const act_t *y = acts[r];                                                                         \
-            float lanes[8];                                                                                   \
-            _mm256_storeu_ps(lanes, acc[r]);                                                                  \
-            for (int64_t t = b; t < nb; ++t) {                                                                \
-                const float scale = half_to_float(x[t].d) * half_to_float(y[t].d);                            \
-                lanes[t & 7] = fmaf(scale, (float)hsum_i32x8(block_dot(x + t, y + t)), lanes[t & 7]);         \
-                extra1(lanes[t & 7], x + t, y + t);                                                           \
-            }                                                                                                 \
-            out[r] = reduce_lanes8(lanes);                                                                    \
-        }                                                                                                     \
+        return has_min ? lanes_total(acc) + mins : lanes_total(acc);                                          \
     }
 
-#define NO_EXTRA(acc, x, y) ((void)0)
-#define MIN_TERMS(acc, x, y) \
-    ((acc) = _mm256_fmadd_ps(halves8(&(x)[0].m, sizeof(*(x))), halves8(&(y)[0].s, sizeof(block_q8_1)), (acc)))
-#define MIN_TERM(lane, x, y) ((lane) = fmaf(half_to_float((x)->m), half_to_float((y)->s), (lane)))
+VEC_DOT_32(vec_dot_q4_0_q8_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
+VEC_DOT_32(vec_dot_q4_1_q8_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, MIN_STEP, 1)
+VEC_DOT_32(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, NO_MIN_STEP, 0)
+VEC_DOT_32(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
+VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, NO_MIN_STEP, 0)
 
-VEC_DOT_32_ROWS(vec_dot_rows_q4_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, dot_signed, block_dot_q4_0,
-                NO_EXTRA, NO_EXTRA)
-VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, dot_unsigned, block_dot_q4_1,
-                MIN_TERMS, MIN_TERM)
-VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, dot_signed, block_dot_q5_0,
-                NO_EXTRA, NO_EXTRA)
-VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, dot_unsigned, block_dot_q5_1,
-                MIN_TERMS, MIN_TERM)
-VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, dot_signed, block_dot_q8_0,
-                NO_EXTRA, NO_EXTRA)
+/* The same kernels over several activation rows: each weight block is unpacked once and met by every
+ * row, each row's float steps in the single-row order. */
+#define VEC_DOT_32_ROWS(name, block_t, act_t, unpack, lanes, min_step, has_min)                               \
+    static void name(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {            \
+        const block_t *x = w;                                                                                 \
+        __m256 acc[VEC_DOT_MAX_ROWS];                                                                         \
+        float mins[VEC_DOT_MAX_ROWS];                                                                         \
+        for (int r = 0; r < n_rows; ++r) {                                                                    \
+            acc[r] = _mm256_setzero_ps();                                                                     \
+            mins[r] = 0.0f;                                                                                   \
+        }                                                                                                     \
+        for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
+            const __m256i q = unpack(x + b);                                                                  \
+            const float xd = half_to_float(x[b].d);                                                           \
+            for (int r = 0; r < n_rows; ++r) {                                                                \
+                const act_t *y = (const act_t *)acts[r] + b;                                                  \
+                const __m256 scale = _mm256_set1_ps(xd * half_to_float(y->d));                                \
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes(q, y->qs)), acc[r]);                 \
+                min_step(mins[r], x + b, y);                                                                  \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int r = 0; r < n_rows; ++r) out[r] = has_min ? lanes_total(acc[r]) + mins[r] : lanes_total(acc[r]); \
+    }
+
+VEC_DOT_32_ROWS(vec_dot_rows_q4_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
+VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, MIN_STEP, 1)
+VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, NO_MIN_STEP, 0)
+VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
+VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, NO_MIN_STEP, 0)
 
 /* ------------------------------------------------------------------------ */
 /* K-quants against q8_K: exact superblock sums, then the reference's fmaf  */

@@ -1,19 +1,28 @@
 /*
  * vec_dot_generic.c - the scalar reference dot products. They define the
  * reduction order every SIMD tier reproduces bit for bit (see quants.h):
- * exact integer sums inside a block, fmaf across blocks in a fixed lane order.
+ * exact integer partial sums, fmaf into float lanes in a fixed order.
  */
 #include <math.h>
 
 #include "quants.h"
 
-/* ---- 32-element formats against q8_0 activations: 8 block lanes ---- */
+/* ---- 32-element formats against q8_0 / q8_1 activations: 8 lanes of 4 elements ---- */
 
-/* sum_j q[j] * a[j] for the 32 quants of one block */
-static inline int32_t dot32_int(const int8_t q[QK32], const int8_t a[QK32]) {
-    int32_t sum = 0;
-    for (int j = 0; j < QK32; ++j) sum += (int32_t)q[j] * a[j];
-    return sum;
+/* lanes[l] = sum_{k<4} q[4l + k] * a[4l + k]: the 8 exact int partial sums of one block */
+static inline void dot32_lanes(const int8_t q[QK32], const int8_t a[QK32], int32_t lanes[8]) {
+    for (int l = 0; l < 8; ++l) {
+        int32_t sum = 0;
+        for (int k = 0; k < 4; ++k) sum += (int32_t)q[4 * l + k] * a[4 * l + k];
+        lanes[l] = sum;
+    }
+}
+
+/* acc[l] = fmaf(scale, (float)lanes[l], acc[l]) for the 8 lanes */
+static inline void chain_block(float acc[8], float scale, const int8_t q[QK32], const int8_t a[QK32]) {
+    int32_t lanes[8];
+    dot32_lanes(q, a, lanes);
+    for (int l = 0; l < 8; ++l) acc[l] = fmaf(scale, (float)lanes[l], acc[l]);
 }
 
 static void unpack_q4(const uint8_t qs[16], int offset, int8_t q[QK32]) {
@@ -39,8 +48,7 @@ static float vec_dot_q4_0_q8_0_generic(int64_t n, const void *w, const void *act
     for (int64_t b = 0; b < n / QK32; ++b) {
         int8_t q[QK32];
         unpack_q4(x[b].qs, 8, q);
-        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
-        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
+        chain_block(acc, fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), q, y[b].qs);
     }
     return reduce_lanes8(acc);
 }
@@ -49,14 +57,14 @@ static float vec_dot_q4_1_q8_1_generic(int64_t n, const void *w, const void *act
     const block_q4_1 *x = w;
     const block_q8_1 *y = act;
     float acc[8] = {0};
+    float mins = 0.0f;
     for (int64_t b = 0; b < n / QK32; ++b) {
         int8_t q[QK32];
         unpack_q4(x[b].qs, 0, q);
-        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
-        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
-        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), acc[b & 7]);
+        chain_block(acc, fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), q, y[b].qs);
+        mins = fmaf(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), mins);
     }
-    return reduce_lanes8(acc);
+    return reduce_lanes8(acc) + mins;
 }
 
 static float vec_dot_q5_0_q8_0_generic(int64_t n, const void *w, const void *act) {
@@ -66,8 +74,7 @@ static float vec_dot_q5_0_q8_0_generic(int64_t n, const void *w, const void *act
     for (int64_t b = 0; b < n / QK32; ++b) {
         int8_t q[QK32];
         unpack_q5(x[b].qh, x[b].qs, 16, q);
-        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
-        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
+        chain_block(acc, fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), q, y[b].qs);
     }
     return reduce_lanes8(acc);
 }
@@ -76,14 +83,14 @@ static float vec_dot_q5_1_q8_1_generic(int64_t n, const void *w, const void *act
     const block_q5_1 *x = w;
     const block_q8_1 *y = act;
     float acc[8] = {0};
+    float mins = 0.0f;
     for (int64_t b = 0; b < n / QK32; ++b) {
         int8_t q[QK32];
         unpack_q5(x[b].qh, x[b].qs, 0, q);
-        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
-        acc[b & 7] = fmaf(scale, (float)dot32_int(q, y[b].qs), acc[b & 7]);
-        acc[b & 7] = fmaf(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), acc[b & 7]);
+        chain_block(acc, fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), q, y[b].qs);
+        mins = fmaf(fp16_to_fp32(x[b].m), fp16_to_fp32(y[b].s), mins);
     }
-    return reduce_lanes8(acc);
+    return reduce_lanes8(acc) + mins;
 }
 
 static float vec_dot_q8_0_q8_0_generic(int64_t n, const void *w, const void *act) {
@@ -91,8 +98,7 @@ static float vec_dot_q8_0_q8_0_generic(int64_t n, const void *w, const void *act
     const block_q8_0 *y = act;
     float acc[8] = {0};
     for (int64_t b = 0; b < n / QK32; ++b) {
-        const float scale = fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d);
-        acc[b & 7] = fmaf(scale, (float)dot32_int(x[b].qs, y[b].qs), acc[b & 7]);
+        chain_block(acc, fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), x[b].qs, y[b].qs);
     }
     return reduce_lanes8(acc);
 }
