@@ -15,9 +15,11 @@ void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t
     for (int64_t r = 0; r < m; ++r) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
+        /* as llama.cpp: float squares summed in double, a float mean, 1 / sqrtf */
         double sum = 0.0;
-        for (int64_t i = 0; i < n; ++i) sum += (double)xr[i] * xr[i];
-        const float scale = (float)(1.0 / sqrt(sum / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; ++i) sum += (double)(xr[i] * xr[i]);
+        const float mean = (float)(sum / (double)n);
+        const float scale = 1.0f / sqrtf(mean + eps);
         for (int64_t i = 0; i < n; ++i) yr[i] = w ? (xr[i] * scale) * w[i] : xr[i] * scale;
     }
 }
@@ -38,8 +40,9 @@ void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_
                 float *head = x + (r * n_heads + h) * head_dim;
                 const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
                 const float x0 = head[a], x1 = head[b];
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+                /* the fused multiply-adds of llama.cpp's x86 build (its compiler contracts the rotation) */
+                head[a] = fmaf(x0, c, -(x1 * s));
+                head[b] = fmaf(x0, s, x1 * c);
             }
         }
     }
