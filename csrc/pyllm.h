@@ -98,17 +98,17 @@ void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t
 void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                 float freq_base, float freq_scale, int neox);
 
-/* y[n] = silu(gate) * up, and gelu(tanh approximation)(gate) * up */
-void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t n);
+/* y[m, n] = silu(gate) * up, and y[n] = gelu(tanh approximation)(gate) * up */
+void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t m, int64_t n);
 void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
 
 /* Causal attention of m queries q[m, n_head, d] at positions qpos[m] over n_kv cached keys and
  * values k, v[n_kv, n_head_kv, d] (IEEE half bits) at positions kpos[n_kv] (-1: empty slot): key t is visible
  * to query r when kpos[t] <= qpos[r] and, with window > 0, qpos[r] - kpos[t] < window.
  * scores = q.k * scale (then softcap * tanh(s / softcap) when softcap > 0); softmax over the
- * visible keys in cache order; out[m, n_head, d]. q.k sums in 8 lanes by index mod 8, the same
- * in every tier (see attention_kernels in quants.h). Grouped-query: head h reads kv head
- * h / (n_head / n_head_kv). */
+ * visible keys in cache order; out[m, n_head, d]. The arithmetic is llama.cpp's for a prompt
+ * (query and weights rounded to half precision, sums in 8 lanes by slot mod 8: see attend_one in
+ * ops.c), the same in every tier. Grouped-query: head h reads kv head h / (n_head / n_head_kv). */
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads);

@@ -279,9 +279,16 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float, fre
 def gated_activation(gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
     """silu(gate) * up ("silu") or gelu_tanh(gate) * up ("gelu")."""
     gate, up = _f32(gate, "gate"), _f32(up, "up")
+    if gate.shape != up.shape:
+        raise KernelError(f"gated activation: gate {gate.shape} and up {up.shape} differ")
     out = np.empty_like(gate)
-    fn = {"silu": lib.pyllm_swiglu, "gelu": lib.pyllm_geglu}[kind]
-    fn(_fptr(gate), _fptr(up), _fptr(out), gate.size)
+    if kind == "silu":
+        width = gate.shape[-1] if gate.ndim else 1
+        lib.pyllm_swiglu(_fptr(gate), _fptr(up), _fptr(out), gate.size // max(width, 1), width)
+    elif kind == "gelu":
+        lib.pyllm_geglu(_fptr(gate), _fptr(up), _fptr(out), gate.size)
+    else:
+        raise KernelError(f"gated activation: unknown kind {kind!r}")
     return out
 
 

@@ -337,7 +337,8 @@ def test_gated_activations_match_ggml_rules() -> None:
 @pytest.mark.parametrize(("d", "window", "softcap"), [(64, 0, 0.0), (20, 5, 0.0), (256, 0, 30.0)])
 def test_attention_matches_float_reference_and_tiers_agree(d: int, window: int, softcap: float) -> None:
     """Causal GQA attention over a half-precision cache (with empty slots, a sliding window, a softcap)
-    against float64 math on the same half-precision keys and values; every tier gives the same bits."""
+    against float64 math on the same half-precision keys and values, with the query and the softmax
+    weights rounded to half precision as llama.cpp does; every tier gives the same bits."""
     rng = np.random.default_rng(d)
     m, n_kv, n_head, n_head_kv = 5, 23, 6, 2
     q = rng.standard_normal((m, n_head, d)).astype(np.float32)
@@ -353,11 +354,12 @@ def test_attention_matches_float_reference_and_tiers_agree(d: int, window: int, 
         visible = (k_pos >= 0) & (k_pos <= q_pos[r]) & ((window == 0) | (q_pos[r] - k_pos < window))
         for h in range(n_head):
             hk = h // (n_head // n_head_kv)
-            s = k[visible, hk].astype(np.float64) @ q[r, h].astype(np.float64) * scale
+            s = k[visible, hk].astype(np.float64) @ q[r, h].astype(np.float16).astype(np.float64) * scale
             if softcap:
                 s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
-            want[r, h] = (p / p.sum()) @ v[visible, hk].astype(np.float64)
+            weights = (p / p.sum()).astype(np.float16).astype(np.float64)
+            want[r, h] = weights @ v[visible, hk].astype(np.float64)
 
     saved = kernels.active_tier()
     results = {}
