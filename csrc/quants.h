@@ -17,7 +17,10 @@
  *     chain mins = fmaf(m, s, mins) over the blocks (s: the q8_1 activation
  *     block's) and return the lane total + mins.
  *   - K-quants: an exact int32 sum per 256-element superblock, then one
- *     accumulator, acc = fmaf(scale, (float)sum, acc), superblocks in order.
+ *     accumulator, acc = fmaf(scale, (float)sum, acc), superblocks in order;
+ *     Q4_K (llama.cpp's order for a prompt with its interleaved x86 layout)
+ *     takes the exact sums per 64-element chunk, chains the scaled sums and
+ *     the scaled mins in two accumulators and subtracts.
  *   - float weights: acc[i % 16] = fmaf(w[i], x[i], acc[i % 16]) (16 lanes),
  *     then the same halving tree; elements past the last multiple of 16 are
  *     added after, in order, by fmaf.

@@ -320,23 +320,25 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q4_K *x = w;
     const block_q8_K *y = act;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float acc = 0.0f;
+    float acc = 0.0f, chained_mins = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
-        const __m256i mins = k4_mins_product(scales_mins, &y[b]);
+        int32_t min_terms[8];  /* group g's min * activation sum */
+        _mm256_storeu_si256((__m256i *)min_terms, k4_mins_product(scales_mins, &y[b]));
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
         const int8_t *a = y[b].qs;
-#define Q4K_CHUNK(c)                                                                                          \
-    _mm256_add_epi32(chunk_dot(_mm256_and_si256(load32(x[b].qs + 32 * (c)), m4), a + 64 * (c),                \
-                               _mm256_shuffle_epi8(scales, scale_pattern8(2 * (c)))),                         \
-                     chunk_dot(_mm256_and_si256(_mm256_srli_epi16(load32(x[b].qs + 32 * (c)), 4), m4),        \
-                               a + 64 * (c) + 32, _mm256_shuffle_epi8(scales, scale_pattern8(2 * (c) + 1))))
-        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(Q4K_CHUNK(0), Q4K_CHUNK(1)),
-                                              _mm256_add_epi32(Q4K_CHUNK(2), Q4K_CHUNK(3)));
-#undef Q4K_CHUNK
-        acc = k_accumulate(acc, y[b].d, x[b].d, x[b].dmin, sums, mins);
+        const float scale = half_to_float(x[b].d) * y[b].d, scale_min = half_to_float(x[b].dmin) * y[b].d;
+        for (int c = 0; c < 4; ++c) {  /* 64-element chunk c: groups 2c and 2c + 1 */
+            const __m256i packed = load32(x[b].qs + 32 * c);
+            const __m256i sums = _mm256_add_epi32(
+                chunk_dot(_mm256_and_si256(packed, m4), a + 64 * c, _mm256_shuffle_epi8(scales, scale_pattern8(2 * c))),
+                chunk_dot(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4), a + 64 * c + 32,
+                          _mm256_shuffle_epi8(scales, scale_pattern8(2 * c + 1))));
+            acc = fmaf((float)hsum_i32x8(sums), scale, acc);
+            chained_mins = fmaf((float)(min_terms[2 * c] + min_terms[2 * c + 1]), scale_min, chained_mins);
+        }
     }
-    return acc;
+    return acc - chained_mins;
 }
 
 static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {

@@ -156,24 +156,26 @@ static float vec_dot_q3_K_q8_K_generic(int64_t n, const void *w, const void *act
     return acc;
 }
 
-/* q4 (and q5) K-quants: 8 groups of 32 with 6-bit scale and min */
-static float k4_superblock(const uint8_t scales[12], const int8_t q[QK_K], const block_q8_K *y,
-                           float d, float dmin, float acc) {
-    int32_t sum_q = 0, sum_min = 0;
-    for (int g = 0; g < 8; ++g) {
+/* The exact sums of the 32-element groups first..last - 1 of a q4/q5 K superblock (6-bit scale and min each):
+ * sum_q = sum of scale_g * (q . a over group g), sum_min = sum of min_g * (group g's activation sum). */
+static void k4_sums(const uint8_t scales[12], const int8_t q[QK_K], const block_q8_K *y, int first, int last,
+                    int32_t *sum_q, int32_t *sum_min) {
+    *sum_q = 0;
+    *sum_min = 0;
+    for (int g = first; g < last; ++g) {
         uint8_t sc, m;
         scale_min_k4(g, scales, &sc, &m);
-        sum_q += sc * (dot16_int(q + 32 * g, y->qs + 32 * g) + dot16_int(q + 32 * g + 16, y->qs + 32 * g + 16));
-        sum_min += m * (y->bsums[2 * g] + y->bsums[2 * g + 1]);
+        *sum_q += sc * (dot16_int(q + 32 * g, y->qs + 32 * g) + dot16_int(q + 32 * g + 16, y->qs + 32 * g + 16));
+        *sum_min += m * (y->bsums[2 * g] + y->bsums[2 * g + 1]);
     }
-    acc = fmaf(y->d * d, (float)sum_q, acc);
-    return fmaf(-(y->d * dmin), (float)sum_min, acc);
 }
 
+/* Q4_K in llama.cpp's order for a prompt on x86 (its interleaved Q4_K layout): per 64-element chunk, the
+ * scaled sums and the scaled mins chained in two accumulators, then subtracted. */
 static float vec_dot_q4_K_q8_K_generic(int64_t n, const void *w, const void *act) {
     const block_q4_K *x = w;
     const block_q8_K *y = act;
-    float acc = 0.0f;
+    float acc = 0.0f, mins = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         int8_t q[QK_K];
         for (int chunk = 0; chunk < 4; ++chunk) {
@@ -182,9 +184,15 @@ static float vec_dot_q4_K_q8_K_generic(int64_t n, const void *w, const void *act
                 q[chunk * 64 + 32 + l] = (int8_t)(x[b].qs[chunk * 32 + l] >> 4);
             }
         }
-        acc = k4_superblock(x[b].scales, q, &y[b], fp16_to_fp32(x[b].d), fp16_to_fp32(x[b].dmin), acc);
+        const float scale = fp16_to_fp32(x[b].d) * y[b].d, scale_min = fp16_to_fp32(x[b].dmin) * y[b].d;
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            int32_t sum_q, sum_min;
+            k4_sums(x[b].scales, q, &y[b], 2 * chunk, 2 * chunk + 2, &sum_q, &sum_min);
+            acc = fmaf((float)sum_q, scale, acc);
+            mins = fmaf((float)sum_min, scale_min, mins);
+        }
     }
-    return acc;
+    return acc - mins;
 }
 
 static float vec_dot_q5_K_q8_K_generic(int64_t n, const void *w, const void *act) {
@@ -200,7 +208,10 @@ static float vec_dot_q5_K_q8_K_generic(int64_t n, const void *w, const void *act
                 q[e + 32] = (int8_t)((x[b].qs[chunk * 32 + l] >> 4) | ((x[b].qh[l] >> (e / 32 + 1)) & 1) << 4);
             }
         }
-        acc = k4_superblock(x[b].scales, q, &y[b], fp16_to_fp32(x[b].d), fp16_to_fp32(x[b].dmin), acc);
+        int32_t sum_q, sum_min;
+        k4_sums(x[b].scales, q, &y[b], 0, 8, &sum_q, &sum_min);
+        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
+        acc = fmaf(-(y[b].d * fp16_to_fp32(x[b].dmin)), (float)sum_min, acc);
     }
     return acc;
 }
