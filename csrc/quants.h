@@ -16,11 +16,13 @@
  *     acc8 -> 4 -> 2 -> 1 by adding lane i + half to lane i. Q4_1 / Q5_1 also
  *     chain mins = fmaf(m, s, mins) over the blocks (s: the q8_1 activation
  *     block's) and return the lane total + mins.
- *   - K-quants: an exact int32 sum per 256-element superblock, then one
- *     accumulator, acc = fmaf(scale, (float)sum, acc), superblocks in order;
- *     Q4_K (llama.cpp's order for a prompt with its interleaved x86 layout)
- *     takes the exact sums per 64-element chunk, chains the scaled sums and
- *     the scaled mins in two accumulators and subtracts.
+ *   - K-quants (llama.cpp's orders for a prompt on x86): exact int32 sums
+ *     per 256-element superblock, then one accumulator, superblocks in order:
+ *     acc = fmaf(d * (float)sum, d_a, acc) (Q3_K, Q6_K), or with mins
+ *     acc = fmaf(fmaf(-dmin, (float)sum_min, d * (float)sum), d_a, acc)
+ *     (Q2_K, Q5_K). Q4_K (its interleaved x86 layout) takes the exact sums per
+ *     64-element chunk, chains sum * (d * d_a) and sum_min * (dmin * d_a) in
+ *     two accumulators, and subtracts.
  *   - float weights: acc[i % 16] = fmaf(w[i], x[i], acc[i % 16]) (16 lanes),
  *     then the same halving tree; elements past the last multiple of 16 are
  *     added after, in order, by fmaf.

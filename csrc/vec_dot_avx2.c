@@ -216,11 +216,11 @@ static inline __m128 k_totals(__m256i sums, __m256i mins) {
     return _mm_cvtepi32_ps(t);
 }
 
-/* acc = fmaf(yd * d, sum_q, acc), then fmaf(-(yd * dmin), sum_min, acc), as the reference */
+/* acc = fmaf(fmaf(-dmin, sum_min, d * sum_q), yd, acc), as the reference */
 static inline float k_accumulate(float acc, float yd, fp16_t d, fp16_t dmin, __m256i sums, __m256i mins) {
     const __m128 t = k_totals(sums, mins);
-    acc = fmaf(yd * half_to_float(d), _mm_cvtss_f32(t), acc);
-    return fmaf(-(yd * half_to_float(dmin)), _mm_cvtss_f32(_mm_movehl_ps(t, t)), acc);
+    const float scaled = fmaf(-half_to_float(dmin), _mm_cvtss_f32(_mm_movehl_ps(t, t)), half_to_float(d) * _mm_cvtss_f32(t));
+    return fmaf(scaled, yd, acc);
 }
 
 static float vec_dot_q2_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
@@ -292,7 +292,7 @@ static float vec_dot_q3_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
 #undef Q3K_CHUNK
         const __m256i sums = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3)),
                                               _mm256_slli_epi32(corr, 2));
-        acc = fmaf(y[b].d * half_to_float(x[b].d), (float)hsum_i32x8(sums), acc);
+        acc = fmaf(half_to_float(x[b].d) * (float)hsum_i32x8(sums), y[b].d, acc);
     }
     return acc;
 }
@@ -401,7 +401,7 @@ static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
         const __m256i s0 = q6_K_half(x[b].ql, x[b].qh, y[b].qs, sc_lo);
         const __m256i s1 = q6_K_half(x[b].ql + 64, x[b].qh + 32, y[b].qs + 128, sc_hi);
         const __m256i sums = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(corr, 5));
-        acc = fmaf(y[b].d * half_to_float(x[b].d), (float)hsum_i32x8(sums), acc);
+        acc = fmaf(half_to_float(x[b].d) * (float)hsum_i32x8(sums), y[b].d, acc);
     }
     return acc;
 }

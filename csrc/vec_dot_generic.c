@@ -130,8 +130,7 @@ static float vec_dot_q2_K_q8_K_generic(int64_t n, const void *w, const void *act
             sum_q += (x[b].scales[g] & 0xF) * dot16_int(q + 16 * g, y[b].qs + 16 * g);
             sum_min += (x[b].scales[g] >> 4) * y[b].bsums[g];
         }
-        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
-        acc = fmaf(-(y[b].d * fp16_to_fp32(x[b].dmin)), (float)sum_min, acc);
+        acc = fmaf(fmaf(-fp16_to_fp32(x[b].dmin), (float)sum_min, fp16_to_fp32(x[b].d) * (float)sum_q), y[b].d, acc);
     }
     return acc;
 }
@@ -151,7 +150,7 @@ static float vec_dot_q3_K_q8_K_generic(int64_t n, const void *w, const void *act
         q3_K_scales(x[b].scales, scales);
         int32_t sum_q = 0;
         for (int g = 0; g < 16; ++g) sum_q += scales[g] * dot16_int(q + 16 * g, y[b].qs + 16 * g);
-        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
+        acc = fmaf(fp16_to_fp32(x[b].d) * (float)sum_q, y[b].d, acc);
     }
     return acc;
 }
@@ -210,8 +209,7 @@ static float vec_dot_q5_K_q8_K_generic(int64_t n, const void *w, const void *act
         }
         int32_t sum_q, sum_min;
         k4_sums(x[b].scales, q, &y[b], 0, 8, &sum_q, &sum_min);
-        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
-        acc = fmaf(-(y[b].d * fp16_to_fp32(x[b].dmin)), (float)sum_min, acc);
+        acc = fmaf(fmaf(-fp16_to_fp32(x[b].dmin), (float)sum_min, fp16_to_fp32(x[b].d) * (float)sum_q), y[b].d, acc);
     }
     return acc;
 }
@@ -234,7 +232,7 @@ static float vec_dot_q6_K_q8_K_generic(int64_t n, const void *w, const void *act
         }
         int32_t sum_q = 0;
         for (int g = 0; g < 16; ++g) sum_q += x[b].scales[g] * dot16_int(q + 16 * g, y[b].qs + 16 * g);
-        acc = fmaf(y[b].d * fp16_to_fp32(x[b].d), (float)sum_q, acc);
+        acc = fmaf(fp16_to_fp32(x[b].d) * (float)sum_q, y[b].d, acc);
     }
     return acc;
 }
