@@ -84,9 +84,10 @@ void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t m, int64
     }
 }
 
+/* with the one fused multiply-add of llama.cpp's x86 build: 1 + (coef * x) * x */
 static float gelu_tanh(float x) {
     const float sqrt_2_over_pi = 0.79788456080286535588f, coef = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef * x * x)));
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef * x, x, 1.0f)));
 }
 
 /* y[i] = gelu_tanh(gate[i]) * up[i], with gelu evaluated as ggml's CPU backend does (so the numbers are

@@ -25,6 +25,8 @@ class Family:
     qk_norm: bool = False          # qwen3, gemma3: RMSNorm on each head of q and k
     post_norms: bool = False       # gemma3: RMSNorm after attention and after the FFN
     embed_scale: bool = False      # gemma: embeddings times sqrt(n_embd)
+    scale_query: bool = False      # gemma3: the attention scale multiplies q (before its half-precision
+                                   # rounding, as llama.cpp does) instead of the scores
     swa_pattern: int = 0           # gemma3: every n-th layer global, the others sliding-window
     swa_rope_base: float = 10000.0
 
@@ -34,7 +36,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(rope_neox=True, activation="silu", qkv_bias=True),
     "qwen3": Family(rope_neox=True, activation="silu", qk_norm=True),
     "gemma3": Family(rope_neox=True, activation="gelu", qk_norm=True, post_norms=True, embed_scale=True,
-                     swa_pattern=6),
+                     scale_query=True, swa_pattern=6),
 }
 
 

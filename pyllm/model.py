@@ -228,6 +228,10 @@ class Model:
         base, scale = cfg.layer_rope(i)
         kernels.rope(q, positions, cfg.n_rot, base, scale, fam.rope_neox)
         kernels.rope(k, positions, cfg.n_rot, base, scale, fam.rope_neox)
+        score_scale = cfg.attn_scale
+        if fam.scale_query:
+            q *= np.float32(score_scale)
+            score_scale = 1.0
         window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
         attn = np.empty((m, cfg.n_head, cfg.head_dim_v), np.float32)
         for seg in segments:
@@ -235,7 +239,7 @@ class Model:
             seg.cache.store(i, seg.positions, k[rows], v[rows])
             k_all, v_all, k_pos = seg.cache.visible(i, int(seg.positions[-1]) + 1)
             attn[rows] = kernels.attention(np.ascontiguousarray(q[rows]), k_all, v_all, seg.positions, k_pos,
-                                           cfg.attn_scale, window, n_threads=self.n_threads)
+                                           score_scale, window, n_threads=self.n_threads)
         o = self._matmul(layer.wo, attn.reshape(m, -1))
         if layer.post_attn_norm is not None:
             o = kernels.rms_norm(o, layer.post_attn_norm, cfg.norm_eps)
