@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import fixture_models  # noqa: E402
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
-TYPES = [Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 TOKENS = [1, 5, 9, 17, 33, 40, 41, 60, 70, 80, 90, 95]  # 12 rows: llama.cpp's prompt paths (>= 8, groups of 4)
 
 

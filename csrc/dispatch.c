@@ -19,9 +19,10 @@ typedef struct {
 
 static const type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_F32] = {"F32", 1, 4, PYLLM_TYPE_F32},
-    [PYLLM_TYPE_F16] = {"F16", 1, 2, PYLLM_TYPE_F32},
-    [PYLLM_TYPE_BF16] = {"BF16", 1, 2, PYLLM_TYPE_F32},
+    [PYLLM_TYPE_F16] = {"F16", 1, 2, PYLLM_TYPE_F16},     /* activations rounded to the weights' format, */
+    [PYLLM_TYPE_BF16] = {"BF16", 1, 2, PYLLM_TYPE_BF16},  /* as llama.cpp does */
     [PYLLM_TYPE_Q4_0] = {"Q4_0", QK32, sizeof(block_q4_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q4_0_LANES] = {"Q4_0 (lanes)", QK32, sizeof(block_q4_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q4_1] = {"Q4_1", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q5_0] = {"Q5_0", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_1},

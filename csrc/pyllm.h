@@ -30,7 +30,10 @@ enum pyllm_type {
     PYLLM_TYPE_Q6_K = 14,
     PYLLM_TYPE_Q8_K = 15,
     PYLLM_TYPE_BF16 = 30,
-    PYLLM_TYPE_COUNT = 31
+    /* Not a GGUF type: Q4_0 blocks reduced in the 8-lane order of the other 32-element formats, which
+     * is llama.cpp's for a Q4_0 matrix it does not interleave (see quants.h). */
+    PYLLM_TYPE_Q4_0_LANES = 31,
+    PYLLM_TYPE_COUNT = 32
 };
 
 /* SIMD tiers, ordered: a CPU that runs a tier runs every lower one. */

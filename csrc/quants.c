@@ -258,6 +258,7 @@ static void dequantize_row_q8_K(const void *src, float *y, int64_t n) {
 const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_F32] = dequantize_row_f32,   [PYLLM_TYPE_F16] = dequantize_row_f16,
     [PYLLM_TYPE_BF16] = dequantize_row_bf16, [PYLLM_TYPE_Q4_0] = dequantize_row_q4_0,
+    [PYLLM_TYPE_Q4_0_LANES] = dequantize_row_q4_0,
     [PYLLM_TYPE_Q4_1] = dequantize_row_q4_1, [PYLLM_TYPE_Q5_0] = dequantize_row_q5_0,
     [PYLLM_TYPE_Q5_1] = dequantize_row_q5_1, [PYLLM_TYPE_Q8_0] = dequantize_row_q8_0,
     [PYLLM_TYPE_Q2_K] = dequantize_row_q2_K, [PYLLM_TYPE_Q3_K] = dequantize_row_q3_K,
@@ -461,6 +462,7 @@ static void quantize_row_q8_K_ref(const float *x, void *dst, int64_t n) {
 const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_F32] = quantize_row_f32_ref,   [PYLLM_TYPE_F16] = quantize_row_f16_ref,
     [PYLLM_TYPE_BF16] = quantize_row_bf16_ref, [PYLLM_TYPE_Q4_0] = quantize_row_q4_0_ref,
+    [PYLLM_TYPE_Q4_0_LANES] = quantize_row_q4_0_ref,
     [PYLLM_TYPE_Q4_1] = quantize_row_q4_1_ref, [PYLLM_TYPE_Q5_0] = quantize_row_q5_0_ref,
     [PYLLM_TYPE_Q5_1] = quantize_row_q5_1_ref, [PYLLM_TYPE_Q8_0] = quantize_row_q8_0_ref,
     [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref, [PYLLM_TYPE_Q8_1] = quantize_row_q8_1_act,

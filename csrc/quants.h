@@ -10,7 +10,8 @@
  *
  * The fixed reduction order (so every tier gives the same bits; see
  * vec_dot_generic.c, which defines it):
- *   - 32-element formats (llama.cpp's x86 order, so both give the same bits):
+ *   - 32-element formats (llama.cpp's x86 order, so both give the same bits;
+ *     Q4_0 as PYLLM_TYPE_Q4_0_LANES, the Q4_0 type itself below):
  *     lane l (0..7) of a block is the exact int sum of its elements 4l..4l+3;
  *     blocks in order, acc[l] = fmaf(d_w * d_a, (float)lane l, acc[l]); then
  *     acc8 -> 4 -> 2 -> 1 by adding lane i + half to lane i. Q4_1 / Q5_1 also
@@ -23,8 +24,12 @@
  *     (Q2_K, Q5_K). Q4_K (its interleaved x86 layout) takes the exact sums per
  *     64-element chunk, chains sum * (d * d_a) and sum_min * (dmin * d_a) in
  *     two accumulators, and subtracts.
- *   - float weights: acc[i % 16] = fmaf(w[i], x[i], acc[i % 16]) (16 lanes),
- *     then the same halving tree; elements past the last multiple of 16 are
+ *   - Q4_0 (llama.cpp's interleaved x86 layout): the exact sum of each block,
+ *     acc = fmaf((float)sum, d_w * d_a, acc), blocks in order.
+ *   - float weights, against activations rounded to the weights' format
+ *     (F16, BF16; F32 as they are), llama.cpp's prompt order:
+ *     acc[i % 8] = fmaf(w[i], x[i], acc[i % 8]) (8 lanes), then the same
+ *     halving tree; elements past the last multiple of 8 are
  *     added after, in order, by fmaf.
  */
 #ifndef PYLLM_QUANTS_H

@@ -10,7 +10,7 @@
  *     one _mm256_fmadd_ps per block is exactly the reference's 8 fmaf.
  *   - K-quants: the exact int sums of a superblock, then the reference's
  *     scalar fmaf.
- *   - float weights: two 8-lane accumulators (lanes 0-7 and 8-15).
+ *   - float weights: one 8-lane accumulator.
  *
  * What the integer tricks below rely on: activations (q8_0 and q8_K) lie in
  * [-127, 127] (the reference quantizers never write -128), and the q8_K
@@ -138,7 +138,7 @@ static inline float lanes_total(__m256 acc) {
         return has_min ? lanes_total(acc) + mins : lanes_total(acc);                                          \
     }
 
-VEC_DOT_32(vec_dot_q4_0_q8_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
+VEC_DOT_32(vec_dot_q4_0_lanes_q8_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
 VEC_DOT_32(vec_dot_q4_1_q8_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, MIN_STEP, 1)
 VEC_DOT_32(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, NO_MIN_STEP, 0)
 VEC_DOT_32(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
@@ -168,7 +168,33 @@ VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_si
         for (int r = 0; r < n_rows; ++r) out[r] = has_min ? lanes_total(acc[r]) + mins[r] : lanes_total(acc[r]); \
     }
 
-VEC_DOT_32_ROWS(vec_dot_rows_q4_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
+VEC_DOT_32_ROWS(vec_dot_rows_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
+
+/* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain. */
+static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
+    const block_q4_0 *x = w;
+    const block_q8_0 *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const int32_t sum = hsum_i32x8(lanes_signed(unpack_q4_0(x + b), y[b].qs));
+        acc = fmaf((float)sum, half_to_float(x[b].d) * half_to_float(y[b].d), acc);
+    }
+    return acc;
+}
+
+static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {
+    const block_q4_0 *x = w;
+    float acc[VEC_DOT_MAX_ROWS] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const __m256i q = unpack_q4_0(x + b);
+        const float xd = half_to_float(x[b].d);
+        for (int r = 0; r < n_rows; ++r) {
+            const block_q8_0 *y = (const block_q8_0 *)acts[r] + b;
+            acc[r] = fmaf((float)hsum_i32x8(lanes_signed(q, y->qs)), xd * half_to_float(y->d), acc[r]);
+        }
+    }
+    for (int r = 0; r < n_rows; ++r) out[r] = acc[r];
+}
 VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, MIN_STEP, 1)
 VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, NO_MIN_STEP, 0)
 VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
@@ -407,7 +433,7 @@ static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* float weights against float32 activations: 16 element lanes              */
+/* float weights against activations in the same format: 8 element lanes   */
 /* ------------------------------------------------------------------------ */
 
 static inline __m256 load8_f32(const void *w, int64_t i) { return _mm256_loadu_ps((const float *)w + i); }
@@ -425,18 +451,13 @@ static inline __m256 load8_bf16(const void *w, int64_t i) {
 
 #define FLOAT_VEC_DOT_AVX2(name, load8, load1)                                                                \
     static float name(int64_t n, const void *w, const void *act) {                                            \
-        const float *y = act;                                                                                 \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                        \
-        const int64_t n16 = n - n % 16;                                                                       \
-        for (int64_t i = 0; i < n16; i += 16) {                                                               \
-            acc0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), acc0);                                \
-            acc1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), acc1);                        \
-        }                                                                                                     \
-        float lanes[16];                                                                                      \
-        _mm256_storeu_ps(lanes, acc0);                                                                        \
-        _mm256_storeu_ps(lanes + 8, acc1);                                                                    \
-        float sum = reduce_lanes16(lanes);                                                                    \
-        for (int64_t i = n16; i < n; ++i) sum = fmaf(load1(w, i), y[i], sum);                                 \
+        __m256 acc = _mm256_setzero_ps();                                                                     \
+        const int64_t n8 = n - n % 8;                                                                         \
+        for (int64_t i = 0; i < n8; i += 8) acc = _mm256_fmadd_ps(load8(w, i), load8(act, i), acc);          \
+        float lanes[8];                                                                                       \
+        _mm256_storeu_ps(lanes, acc);                                                                         \
+        float sum = reduce_lanes8(lanes);                                                                     \
+        for (int64_t i = n8; i < n; ++i) sum = fmaf(load1(w, i), load1(act, i), sum);                         \
         return sum;                                                                                           \
     }
 
@@ -489,8 +510,8 @@ static void attention_axpy_avx2(float *out, float p, const fp16_t *v, int64_t d)
 }
 
 FLOAT_VEC_DOT_AVX2(vec_dot_f32_f32_avx2, load8_f32, LOAD1_F32)
-FLOAT_VEC_DOT_AVX2(vec_dot_f16_f32_avx2, load8_f16, LOAD1_F16)
-FLOAT_VEC_DOT_AVX2(vec_dot_bf16_f32_avx2, load8_bf16, LOAD1_BF16)
+FLOAT_VEC_DOT_AVX2(vec_dot_f16_f16_avx2, load8_f16, LOAD1_F16)
+FLOAT_VEC_DOT_AVX2(vec_dot_bf16_bf16_avx2, load8_bf16, LOAD1_BF16)
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -499,8 +520,9 @@ FLOAT_VEC_DOT_AVX2(vec_dot_bf16_f32_avx2, load8_bf16, LOAD1_BF16)
 #endif
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_F32] = vec_dot_f32_f32_avx2,   [PYLLM_TYPE_F16] = vec_dot_f16_f32_avx2,
-    [PYLLM_TYPE_BF16] = vec_dot_bf16_f32_avx2, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_avx2,
+    [PYLLM_TYPE_F32] = vec_dot_f32_f32_avx2,   [PYLLM_TYPE_F16] = vec_dot_f16_f16_avx2,
+    [PYLLM_TYPE_BF16] = vec_dot_bf16_bf16_avx2, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_avx2,
+    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_q4_0_lanes_q8_0_avx2,
     [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_1_avx2, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_avx2,
     [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_1_avx2, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_avx2,
     [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_avx2, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_avx2,
@@ -511,7 +533,8 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
 const attention_kernels attention_kernels_avx2 = {attention_dots_avx2, attention_axpy_avx2};
 
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,
+    [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2,
+    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,
     [PYLLM_TYPE_Q5_0] = vec_dot_rows_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows_q5_1_avx2,
     [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2,
 };

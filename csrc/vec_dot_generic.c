@@ -41,7 +41,24 @@ static void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int offset, int
     }
 }
 
+/* Q4_0 in the order of llama.cpp's interleaved x86 layout (what it uses for a Q4_0 matrix whose row count
+ * is a multiple of 8): the exact sum of each block, then acc = fmaf(sum, d_w * d_a, acc), blocks in order. */
 static float vec_dot_q4_0_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q4_0 *x = w;
+    const block_q8_0 *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        int8_t q[QK32];
+        unpack_q4(x[b].qs, 8, q);
+        int32_t lanes[8], sum = 0;
+        dot32_lanes(q, y[b].qs, lanes);
+        for (int l = 0; l < 8; ++l) sum += lanes[l];
+        acc = fmaf((float)sum, fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), acc);
+    }
+    return acc;
+}
+
+static float vec_dot_q4_0_lanes_q8_0_generic(int64_t n, const void *w, const void *act) {
     const block_q4_0 *x = w;
     const block_q8_0 *y = act;
     float acc[8] = {0};
@@ -237,29 +254,31 @@ static float vec_dot_q6_K_q8_K_generic(int64_t n, const void *w, const void *act
     return acc;
 }
 
-/* ---- float weights against float32 activations: 16 element lanes ---- */
+/* ---- float weights against activations in the same format: 8 element lanes ---- */
 
+/* llama.cpp's order for a prompt (its tinyBLAS kernels): acc[i % 8] = fmaf(w[i], x[i], acc[i % 8]), then
+ * reduce_lanes8; elements past the last multiple of 8 (where llama.cpp takes another path) by fmaf after. */
 #define FLOAT_VEC_DOT(name, load)                                              \
     static float name(int64_t n, const void *w, const void *act) {             \
-        const float *y = act;                                                  \
-        float acc[16] = {0};                                                   \
-        const int64_t n16 = n - n % 16;                                        \
-        for (int64_t i = 0; i < n16; ++i) acc[i & 15] = fmaf(load(w, i), y[i], acc[i & 15]); \
-        float sum = reduce_lanes16(acc);                                       \
-        for (int64_t i = n16; i < n; ++i) sum = fmaf(load(w, i), y[i], sum);   \
+        float acc[8] = {0};                                                    \
+        const int64_t n8 = n - n % 8;                                          \
+        for (int64_t i = 0; i < n8; ++i) acc[i & 7] = fmaf(load(w, i), load(act, i), acc[i & 7]); \
+        float sum = reduce_lanes8(acc);                                        \
+        for (int64_t i = n8; i < n; ++i) sum = fmaf(load(w, i), load(act, i), sum); \
         return sum;                                                            \
     }
 
-#define LOAD_F32(w, i) (((const float *)(w))[i])
-#define LOAD_F16(w, i) fp16_to_fp32(((const fp16_t *)(w))[i])
-#define LOAD_BF16(w, i) bf16_to_fp32(((const bf16_t *)(w))[i])
+#define LOAD_F32(p, i) (((const float *)(p))[i])
+#define LOAD_F16(p, i) fp16_to_fp32(((const fp16_t *)(p))[i])
+#define LOAD_BF16(p, i) bf16_to_fp32(((const bf16_t *)(p))[i])
 FLOAT_VEC_DOT(vec_dot_f32_f32_generic, LOAD_F32)
-FLOAT_VEC_DOT(vec_dot_f16_f32_generic, LOAD_F16)
-FLOAT_VEC_DOT(vec_dot_bf16_f32_generic, LOAD_BF16)
+FLOAT_VEC_DOT(vec_dot_f16_f16_generic, LOAD_F16)
+FLOAT_VEC_DOT(vec_dot_bf16_bf16_generic, LOAD_BF16)
 
 const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_F32] = vec_dot_f32_f32_generic,   [PYLLM_TYPE_F16] = vec_dot_f16_f32_generic,
-    [PYLLM_TYPE_BF16] = vec_dot_bf16_f32_generic, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_generic,
+    [PYLLM_TYPE_F32] = vec_dot_f32_f32_generic,   [PYLLM_TYPE_F16] = vec_dot_f16_f16_generic,
+    [PYLLM_TYPE_BF16] = vec_dot_bf16_bf16_generic, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_generic,
+    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_q4_0_lanes_q8_0_generic,
     [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_1_generic, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_generic,
     [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_1_generic, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_generic,
     [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_generic, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_generic,

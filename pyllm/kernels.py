@@ -37,6 +37,8 @@ class GGMLType(IntEnum):
     Q6_K = 14
     Q8_K = 15
     BF16 = 30
+    # not a GGUF type: Q4_0 blocks reduced as llama.cpp reduces a Q4_0 matrix it leaves uninterleaved
+    Q4_0_LANES = 31
 
 
 TIERS = ("generic", "avx2", "avx512", "avx512_vnni")

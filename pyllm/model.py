@@ -88,9 +88,14 @@ class Weights:
         return info
 
     def tensor(self, name: str) -> Tensor:
+        """A matrix. llama.cpp interleaves a Q4_0 matrix whose row count is a multiple of 8 (and reduces it in
+        that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES)."""
         info = self._info(name)
         raw = self._f.raw(name)
-        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(raw, info.type, info.shape[0]))
+        matmul_type = info.type
+        if info.type == kernels.GGMLType.Q4_0 and raw.shape[0] % 8:
+            matmul_type = kernels.GGMLType.Q4_0_LANES
+        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(raw, matmul_type, info.shape[0]))
 
     def vector(self, name: str) -> np.ndarray:
         """A small tensor (norm weight, bias) as float32."""

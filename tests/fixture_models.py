@@ -117,7 +117,8 @@ def write_fixture_model(path: Path, arch: str, weight_type: Q, seed: int = 1) ->
     def vector(name: str, n: int, center: float, spread: float) -> None:
         add(name, np.float32(center) + np.float32(spread) * rng.uniform((n,)))
 
-    matrix("token_embd.weight", N_VOCAB, N_EMBD, 0.5, Q.Q8_0)
+    # Q8_0 like the real files; Q4_0 in the Q4_0 models, so gemma3's tied output is a Q4_0 matrix too
+    matrix("token_embd.weight", N_VOCAB, N_EMBD, 0.5, Q.Q4_0 if weight_type == Q.Q4_0 else Q.Q8_0)
     vector("output_norm.weight", N_EMBD, 1.0, 0.2)
     if arch != "gemma3":
         matrix("output.weight", N_VOCAB, N_EMBD, 0.1)

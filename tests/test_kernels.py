@@ -20,8 +20,15 @@ from pyllm import kernels
 from pyllm.gguf import TYPE_TRAITS, GGUFFile
 from pyllm.kernels import GGMLType, KernelError
 
-WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1)]  # those two: activations only
+# the GGUF weight types (Q8_K, Q8_1: activations only; Q4_0_LANES: Q4_0 blocks in another reduction order)
+WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, GGMLType.Q4_0_LANES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
+MATMUL_TYPES = WEIGHT_TYPES + [GGMLType.Q4_0_LANES]
+
+
+def layout(type_id: GGMLType) -> GGMLType:
+    """The GGUF type whose blocks a kernel type reads."""
+    return GGMLType.Q4_0 if type_id == GGMLType.Q4_0_LANES else type_id
 
 # byte offsets of the fp16 scale fields inside one block of each format
 FP16_FIELDS = {
@@ -41,7 +48,7 @@ def random_fp16(rng: np.random.Generator, size: int, extreme: bool = False) -> n
 
 def random_blocks(type_id: GGMLType, n_blocks: int, rng: np.random.Generator, extreme: bool = False) -> np.ndarray:
     """(n_blocks, type_size) uint8 with random quants and finite scales; block 0 is all zero."""
-    block_size, type_size = TYPE_TRAITS[type_id][1:]
+    block_size, type_size = TYPE_TRAITS[layout(type_id)][1:]
     if type_id == GGMLType.F32:
         values = rng.standard_normal(n_blocks).astype(np.float32)
         if extreme:
@@ -58,7 +65,7 @@ def random_blocks(type_id: GGMLType, n_blocks: int, rng: np.random.Generator, ex
         out = bf16.view(np.uint8).reshape(n_blocks, 2)
     else:
         out = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
-        for offset in FP16_FIELDS[type_id]:
+        for offset in FP16_FIELDS[layout(type_id)]:
             out[:, offset:offset + 2] = random_fp16(rng, n_blocks, extreme).view(np.uint8).reshape(n_blocks, 2)
     out = out.copy()
     out[0] = 0
@@ -174,7 +181,7 @@ def min_term_rounding(type_id: GGMLType, w: np.ndarray, act: np.ndarray) -> np.n
     if type_id not in (GGMLType.Q4_1, GGMLType.Q5_1):
         return 0.0
     n_blocks = np.atleast_2d(act).shape[-1] // 36
-    blocks = np.atleast_2d(w).reshape(-1, n_blocks, TYPE_TRAITS[type_id][2])
+    blocks = np.atleast_2d(w).reshape(-1, n_blocks, TYPE_TRAITS[layout(type_id)][2])
     m = np.abs(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64))     # (N, blocks)
     a = np.atleast_2d(act).reshape(-1, n_blocks, 36)
     d_a = a[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
@@ -186,10 +193,10 @@ def min_term_rounding(type_id: GGMLType, w: np.ndarray, act: np.ndarray) -> np.n
 AVAILABLE_TIERS = kernels.TIERS[: kernels.TIERS.index(kernels.best_tier()) + 1]
 
 
-@pytest.mark.parametrize("type_id", WEIGHT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("type_id", MATMUL_TYPES, ids=lambda t: t.name)
 def test_vec_dot_tiers_agree_and_match_float_dot(type_id: GGMLType) -> None:
     rng = np.random.default_rng(100 + int(type_id))
-    block_size = TYPE_TRAITS[type_id][1]
+    block_size = TYPE_TRAITS[layout(type_id)][1]
     unit = 32 if block_size == 1 else block_size
     for n_units in (1, 2, 7, 8, 9, 17):
         n = unit * n_units + (5 if block_size == 1 else 0)  # float rows of odd length reach the tail
@@ -226,12 +233,12 @@ def test_vec_dot_against_unquantized_activations_is_close() -> None:
 
 # ---- matmul -------------------------------------------------------------------
 
-@pytest.mark.parametrize("type_id", WEIGHT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("type_id", MATMUL_TYPES, ids=lambda t: t.name)
 def test_matmul_matches_reference_and_rows_are_invariant(type_id: GGMLType) -> None:
     rng = np.random.default_rng(200 + int(type_id))
     k = 512
     n = 67  # odd, and not a multiple of the 16-row tile
-    w = random_blocks(type_id, n * k // TYPE_TRAITS[type_id][1], rng).reshape(n, -1)
+    w = random_blocks(type_id, n * k // TYPE_TRAITS[layout(type_id)][1], rng).reshape(n, -1)
     wf = kernels.dequantize(w, type_id).astype(np.float64)
     for m in (1, 2, 7, 64):
         x = rng.standard_normal((m, k)).astype(np.float32)

@@ -1,6 +1,6 @@
 """pyllm's logits against llama.cpp's, recorded on the fixture models (bench/record_llamacpp_logits.py):
-every architecture and every weight type whose arithmetic pyllm follows, bit for bit, over a
-12-token prompt (so llama.cpp ran its prompt paths). llama.cpp is not needed here: its outputs
+every architecture and every weight type, bit for bit, over a 12-token prompt (so llama.cpp ran
+its prompt paths). llama.cpp is not needed here: its outputs
 are in tests/data/llamacpp_logits.npz."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ RECORD = np.load(Path(__file__).parent / "data" / "llamacpp_logits.npz")
 CASES = sorted({key.rsplit("/", 1)[0] for key in RECORD.files if key.endswith("/sha256")})
 
 
-def test_the_record_covers_every_architecture_and_the_matched_types() -> None:
+def test_the_record_covers_every_architecture_and_weight_type() -> None:
     assert {case.split("/")[0] for case in CASES} == {"llama", "qwen2", "qwen3", "gemma3"}
-    assert {case.split("/")[1] for case in CASES} >= {"Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                                                      "Q6_K"}
+    assert {case.split("/")[1] for case in CASES} == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                                                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
 
 @pytest.mark.parametrize("case", CASES)

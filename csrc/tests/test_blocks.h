@@ -50,7 +50,7 @@ static inline void random_weights(int type, uint8_t *dst, int64_t n, int mode) {
         case PYLLM_TYPE_F32: { float v = rng_float(-2, 2); memcpy(p, &v, 4); break; }
         case PYLLM_TYPE_F16: set_fp16(p, rng_float(-2, 2)); break;
         case PYLLM_TYPE_BF16: { bf16_t h = fp32_to_bf16(rng_float(-2, 2)); memcpy(p, &h, 2); break; }
-        case PYLLM_TYPE_Q4_0: case PYLLM_TYPE_Q5_0: case PYLLM_TYPE_Q8_0:
+        case PYLLM_TYPE_Q4_0: case PYLLM_TYPE_Q4_0_LANES: case PYLLM_TYPE_Q5_0: case PYLLM_TYPE_Q8_0:
             set_fp16(p, rng_float(-0.1f, 0.1f)); break;
         case PYLLM_TYPE_Q4_1: case PYLLM_TYPE_Q5_1:
             set_fp16(p, rng_float(0, 0.1f)); set_fp16(p + 2, rng_float(-1, 1)); break;
@@ -65,7 +65,7 @@ static inline void random_weights(int type, uint8_t *dst, int64_t n, int mode) {
 }
 
 static const int weight_types[] = {
-    PYLLM_TYPE_F32, PYLLM_TYPE_F16, PYLLM_TYPE_BF16, PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_1,
+    PYLLM_TYPE_F32, PYLLM_TYPE_F16, PYLLM_TYPE_BF16, PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q4_1,
     PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q2_K, PYLLM_TYPE_Q3_K,
     PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q5_K, PYLLM_TYPE_Q6_K,
 };

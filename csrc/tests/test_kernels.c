@@ -95,9 +95,10 @@ static void test_tiers_agree(void) {
 }
 
 static void test_matmul_invariance(void) {
-    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K, PYLLM_TYPE_F16};
+    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K,
+                         PYLLM_TYPE_F16};
     const int64_t n = 37, k = 512, m = 7;
-    for (int ti = 0; ti < 5; ++ti) {
+    for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
         const int type = types[ti];
         uint8_t *w = malloc((size_t)(n * k / pyllm_type_block_size(type) * pyllm_type_size(type)));
         float *x = malloc((size_t)(m * k) * sizeof(float));
