@@ -9,7 +9,10 @@ Q5_K_M, Q6_K, and "pure" Q2_K, Q3_K_S, Q4_K_M; files are kept in --requant-dir a
 
 1. tokenization: pyllm's Llama.tokenize against llama_cpp's on varied texts, special on and off;
 2. greedy completion: a prompt (tokenized by llama.cpp, so only the forward pass differs) continued
-   by argmax for --tokens tokens; counts the identical leading tokens (also logits rel rms / argmax);
+   by argmax for --tokens tokens; counts the identical leading tokens (also logits rel rms / argmax).
+   Before it, the prompt's logits at every position: how many rows are bit-identical (pyllm follows
+   llama.cpp's arithmetic for a prompt; its one-token decode steps differ from it in a few
+   reduction orders, so the generated tokens can part at a near tie);
 3. chat (files with a chat template): create_chat_completion(temperature=0, max_tokens=--tokens)
    on both; the answers must be the same text;
    for 2 and 3 also llama.cpp against itself: the same greedy run with its repacked weight layouts
@@ -148,6 +151,7 @@ def _requant_variants() -> list[tuple[str, bool]]:
 class Row:
     name: str
     tokens: str = "-"
+    logits: str = "-"              # prompt logit rows bit-identical to llama.cpp's
     greedy: str = "-"
     greedy_self: str = "-"
     chat: str = "-"
@@ -275,6 +279,7 @@ def compare_greedy(ours: Llama, ref, alternatives: dict[str, object], n_tokens: 
     same, why, got, margins = greedy_divergence(ours, ref, tokens, n_tokens)
     row.noise = llama_cpp_noise(ref, alternatives, tokens)
     row.greedy_tie = margins is not None and max(margins) < row.noise
+    row.logits = f"{int((got.view(np.uint32) == ref_logits.view(np.uint32)).all(axis=1).sum())}/{len(tokens)}"
     rel_rms = float(np.sqrt(((got - ref_logits) ** 2).mean() / (ref_logits**2).mean()))
     agree = float(np.mean(got.argmax(-1) == ref_logits.argmax(-1)))
     notes = [f"prompt logits rel rms {rel_rms:.2e}, argmax agree {agree:.0%}; llama.cpp's own logit noise "
@@ -473,7 +478,8 @@ def print_row(row: Row) -> None:
     ppl = (f"ppl pyllm {row.ppl_ours:.4f}" if row.ppl_ours else "ppl pyllm -") + \
           (f", llama.cpp {row.ppl_ref:.4f}" if row.ppl_ref else ", llama.cpp -") + f" ({row.diff} %)" + \
           (f", exact weights {row.ppl_exact:.4f}" if row.ppl_exact else "")
-    print(f"{row.name}: tokens {row.tokens}, greedy {row.greedy} (llama.cpp self {row.greedy_self}), "
+    print(f"{row.name}: tokens {row.tokens}, prompt logits identical {row.logits}, "
+          f"greedy {row.greedy} (llama.cpp self {row.greedy_self}), "
           f"chat {row.chat} (llama.cpp self {row.chat_self}), {ppl}", flush=True)
     for note in row.errors + row.notes:
         print(f"    {note}", flush=True)
@@ -506,13 +512,14 @@ def verdict(r: Row) -> str:
 
 
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
-    headers = ["model/variant", "tokens equal", f"greedy identical n/{args.tokens}", "llama.cpp self",
+    headers = ["model/variant", "tokens equal", "prompt logits identical", f"greedy identical n/{args.tokens}",
+               "llama.cpp self",
                "chat identical", "llama.cpp self", "llama.cpp noise", "ppl pyllm", "ppl llama.cpp", "diff %"] + \
         (["ppl exact weights"] if args.exact else []) + ["verdict", "note"]
     body = []
     for r in rows:
         exact = [f"{r.ppl_exact:.4f}" if r.ppl_exact else "-"] if args.exact else []
-        body.append([r.name, r.tokens, r.greedy + (" (tie)" if r.greedy_tie else ""), r.greedy_self,
+        body.append([r.name, r.tokens, r.logits, r.greedy + (" (tie)" if r.greedy_tie else ""), r.greedy_self,
                      r.chat + (" (tie)" if r.chat_tie else ""), r.chat_self,
                      f"{r.noise:.3f}" if r.noise is not None else "-",
                      f"{r.ppl_ours:.4f}" if r.ppl_ours else "-", f"{r.ppl_ref:.4f}" if r.ppl_ref else "-", r.diff,
