@@ -16,8 +16,8 @@ vec_dot_fn pyllm_active_vec_dot(int type);
 /* The multi-row kernel of the active tier for weight `type`, or NULL (then: vec_dot row by row). */
 vec_dot_rows_fn pyllm_active_vec_dot_rows(int type);
 
-/* Attention's kernels for `tier` (the AVX2 ones serve every tier above it). */
-const attention_kernels *pyllm_attention_kernels(int tier);
+/* The non-matmul kernels for `tier` (the AVX2 ones serve every tier above it). */
+const op_kernels *pyllm_op_kernels(int tier);
 
 /* Bytes of one activation row of n elements for weight_type. */
 int64_t pyllm_activation_row_bytes(int weight_type, int64_t n);

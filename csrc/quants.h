@@ -203,17 +203,28 @@ extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 /* Multi-row kernels where a tier has them (NULL elsewhere: matmul then calls vec_dot row by row). */
 extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
 
-/* Attention's inner loops over the half-precision KV cache, one set per tier, bit-identical:
- * dots: out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes fmaf
- *       in index order), summed as reduce_lanes8 does: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
- * axpy: out[i] = fmaf(p, v[i], out[i]). */
+/* The non-matmul inner loops, one set per tier, bit-identical (llama.cpp's arithmetic; see ops.c):
+ * dots:         out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes
+ *               fmaf in index order), summed as reduce_lanes8 does;
+ * softmax_half: s[n] scores (-INFINITY: masked) -> the softmax weights rounded to half precision (as floats):
+ *               e = exp_ggml(s - max) (0 where masked), summed in double by groups of 8 (each group's 8 as
+ *               reduce_lanes8), then round_half(e * (float)(1 / sum));
+ * weighted_sum: out[i] = sum over the n values v_t = v + t * stride of p[t] * v_t[i]: 8 lanes by t mod 8,
+ *               each a chain of fmaf in t order (a zero p skipped), then reduce_lanes8 across the lanes;
+ * swiglu:       y[i] = g[i] / (1 + exp_ggml(0 - g[i])) * u[i] over the whole groups of 8, with libm's expf
+ *               in place of exp_ggml on the rest. */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
-    void (*axpy)(float *out, float p, const fp16_t *v, int64_t d);
-} attention_kernels;
+    void (*softmax_half)(float *s, int64_t n, float max);
+    void (*weighted_sum)(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d, float *out);
+    void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
+} op_kernels;
 
-extern const attention_kernels attention_kernels_generic;
-extern const attention_kernels attention_kernels_avx2;  /* {NULL, NULL} off x86-64 */
+extern const op_kernels op_kernels_generic;
+extern const op_kernels op_kernels_avx2;  /* all NULL off x86-64 */
+
+/* exp(x) as llama.cpp's x86 vector code computes it (see vec_dot_generic.c) */
+float exp_ggml(float x);
 
 /* The activation quantizers of the 32-element formats (llama.cpp's x86 rounding). */
 void quantize_row_q8_0_act(const float *x, void *blocks, int64_t n);

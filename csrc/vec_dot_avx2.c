@@ -461,7 +461,7 @@ static inline __m256 load8_bf16(const void *w, int64_t i) {
         return sum;                                                                                           \
     }
 
-/* ---- attention over the half-precision cache (the generic kernels' lanes, 8 at a time) ---- */
+/* ---- the non-matmul inner loops (the generic kernels' operations, 8 lanes at a time) ---- */
 
 static inline __m256 halves_to_floats8(const fp16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
@@ -500,13 +500,102 @@ static void attention_dots_avx2(const float *q, const fp16_t *k, int64_t stride,
     }
 }
 
-static void attention_axpy_avx2(float *out, float p, const fp16_t *v, int64_t d) {
-    const __m256 pv = _mm256_set1_ps(p);
+/* exp_ggml (vec_dot_generic.c) on 8 lanes: the same operations, so the same bits. */
+static inline __m256 exp_ggml8(__m256 x) {
+    const __m256 shifter = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shifter);
+    const __m256 n = _mm256_sub_ps(z, shifter);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 normal = _mm256_fmadd_ps(k, j, k);
+    if (!_mm256_movemask_ps(big)) return normal;
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 huge = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256 scaled = _mm256_blendv_ps(normal, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1), big);
+    return _mm256_blendv_ps(scaled, _mm256_mul_ps(s1, s1), huge);
+}
+
+static inline float hsum8(__m256 v) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, v);
+    return reduce_lanes8(lanes);
+}
+
+static void softmax_half_avx2(float *s, int64_t n, float max) {
+    const __m256 vmax = _mm256_set1_ps(max), masked_score = _mm256_set1_ps(-INFINITY);
+    double sum = 0.0;
+    for (int64_t g = 0; g < n; g += 8) {
+        float pad[8];
+        const int64_t len = n - g < 8 ? n - g : 8;
+        for (int64_t l = 0; l < 8; ++l) pad[l] = l < len ? s[g + l] : -INFINITY;
+        const __m256 x = _mm256_loadu_ps(pad);
+        const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, masked_score, _CMP_EQ_OQ),
+                                          exp_ggml8(_mm256_sub_ps(x, vmax)));
+        _mm256_storeu_ps(pad, e);
+        for (int64_t l = 0; l < len; ++l) s[g + l] = pad[l];
+        sum += (double)hsum8(e);
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const __m128i half = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(s + t), inv), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(s + t, _mm256_cvtph_ps(half));
+    }
+    for (; t < n; ++t) s[t] = _cvtsh_ss(_cvtss_sh(s[t] * _mm256_cvtss_f32(inv), _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* 8 output dims at a time, the 8 slot lanes in registers across all the values. */
+static void weighted_sum_avx2(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d, float *out) {
     int64_t i = 0;
     for (; i + 8 <= d; i += 8) {
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, halves_to_floats8(v + i), _mm256_loadu_ps(out + i)));
+        __m256 lane[8];
+        for (int l = 0; l < 8; ++l) lane[l] = _mm256_setzero_ps();
+        int64_t t = 0;
+#define WEIGHTED_STEP(l)                                                                                   \
+    if (p[t + (l)] != 0.0f)                                                                                \
+        lane[l] = _mm256_fmadd_ps(_mm256_set1_ps(p[t + (l)]), halves_to_floats8(v + (t + (l)) * stride + i), lane[l]);
+        for (; t + 8 <= n; t += 8) {
+            WEIGHTED_STEP(0) WEIGHTED_STEP(1) WEIGHTED_STEP(2) WEIGHTED_STEP(3)
+            WEIGHTED_STEP(4) WEIGHTED_STEP(5) WEIGHTED_STEP(6) WEIGHTED_STEP(7)
+        }
+#undef WEIGHTED_STEP
+        for (int l = 0; t < n; ++t, ++l) {
+            if (p[t] != 0.0f) lane[l] = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), halves_to_floats8(v + t * stride + i), lane[l]);
+        }
+        const __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
+                                           _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
+        _mm256_storeu_ps(out + i, total);
     }
-    for (; i < d; ++i) out[i] = fmaf(p, half_to_float(v[i]), out[i]);
+    for (; i < d; ++i) {
+        float lane[8] = {0};
+        for (int64_t t = 0; t < n; ++t) {
+            if (p[t] != 0.0f) lane[t % 8] = fmaf(p[t], half_to_float(v[t * stride + i]), lane[t % 8]);
+        }
+        out[i] = reduce_lanes8(lane);
+    }
+}
+
+static void swiglu_avx2(const float *g, const float *u, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                                           exp_ggml8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 FLOAT_VEC_DOT_AVX2(vec_dot_f32_f32_avx2, load8_f32, LOAD1_F32)
@@ -530,7 +619,7 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_avx2,
 };
 
-const attention_kernels attention_kernels_avx2 = {attention_dots_avx2, attention_axpy_avx2};
+const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2};
 
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2,
@@ -542,7 +631,7 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
-const attention_kernels attention_kernels_avx2 = {NULL, NULL};
+const op_kernels op_kernels_avx2 = {NULL, NULL, NULL, NULL};
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {0};
 
 #endif

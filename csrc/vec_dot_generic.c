@@ -286,10 +286,33 @@ const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_generic,
 };
 
-/* ---- attention over the half-precision cache ---- */
+/* ---- the non-matmul inner loops (see op_kernels in quants.h) ---- */
 
-static void attention_dots_generic(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d,
-                                   float *out) {
+/*
+ * exp(x) as llama.cpp's x86 vector code computes it (what its softmax and silu use on an AVX2 build):
+ * x = n ln2 + b with n = round(x / ln2) (by the 1.5 * 2^23 shifter), exp(b) by a degree-5 polynomial,
+ * the power of two 2^n put into the exponent bits; |n| > 126 scaled in two steps, |n| > 192 to 0 or inf.
+ * Every step is one IEEE operation on one lane, so this scalar form gives the vector code's bits.
+ */
+float exp_ggml(float x) {
+    const float shifter = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shifter);
+    const float n = z - shifter;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = fp32_to_bits(z) << 23;
+    const float k = fp32_from_bits(e + fp32_to_bits(1.0f));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, 0x1.ffffecp-1f * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(k, j, k);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = fp32_from_bits(g + 0x7f000000u);
+    const float s2 = fp32_from_bits(e - g);
+    if (fabsf(n) > 192.0f) return s1 * s1;
+    return fmaf(s2, j, s2) * s1;
+}
+
+static void dots_generic(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out) {
     for (int64_t j = 0; j < n; ++j) {
         const fp16_t *kj = k + j * stride;
         float lane[8] = {0};
@@ -298,8 +321,35 @@ static void attention_dots_generic(const float *q, const fp16_t *k, int64_t stri
     }
 }
 
-static void attention_axpy_generic(float *out, float p, const fp16_t *v, int64_t d) {
-    for (int64_t i = 0; i < d; ++i) out[i] = fmaf(p, fp16_to_fp32(v[i]), out[i]);
+static void softmax_half_generic(float *s, int64_t n, float max) {
+    double sum = 0.0;
+    for (int64_t g = 0; g < n; g += 8) {
+        float e[8] = {0};
+        for (int64_t l = 0; l < 8 && g + l < n; ++l) {
+            if (s[g + l] != -INFINITY) e[l] = exp_ggml(s[g + l] - max);
+            s[g + l] = e[l];
+        }
+        sum += (double)reduce_lanes8(e);
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t t = 0; t < n; ++t) s[t] = fp16_to_fp32(fp32_to_fp16(s[t] * inv));
 }
 
-const attention_kernels attention_kernels_generic = {attention_dots_generic, attention_axpy_generic};
+static void weighted_sum_generic(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d,
+                                 float *out) {
+    for (int64_t i = 0; i < d; ++i) {
+        float lane[8] = {0};
+        for (int64_t t = 0; t < n; ++t) {
+            if (p[t] != 0.0f) lane[t % 8] = fmaf(p[t], fp16_to_fp32(v[t * stride + i]), lane[t % 8]);
+        }
+        out[i] = reduce_lanes8(lane);
+    }
+}
+
+static void swiglu_generic(const float *g, const float *u, float *y, int64_t n) {
+    const int64_t grouped = n - n % 8;
+    for (int64_t i = 0; i < grouped; ++i) y[i] = g[i] / (1.0f + exp_ggml(0.0f - g[i])) * u[i];
+    for (int64_t i = grouped; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic};

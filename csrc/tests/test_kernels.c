@@ -198,6 +198,64 @@ static void test_attention_tiers_agree(void) {
     pyllm_set_tier(saved);
 }
 
+/* The non-matmul kernels: every tier gives the generic bits (lengths with and without an 8-wide tail,
+ * masked scores, zero weights, inputs that reach exp_ggml's scaled and overflow branches); exp_ggml is
+ * within 2 ulp of exp wherever its result is a normal float. */
+static void test_op_kernels_agree(void) {
+    enum { MAX_N = 100, MAX_D = 72 };
+    static float s_ref[MAX_N], s_got[MAX_N], p[MAX_N], out_ref[MAX_D], out_got[MAX_D];
+    static float g[MAX_N], u[MAX_N], y_ref[MAX_N], y_got[MAX_N];
+    static uint16_t v[MAX_N * 2 * MAX_D];
+    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    const int lengths[] = {1, 5, 8, 13, 64, 100};
+    const float specials[] = {0.0f, -0.0f, 88.0f, -88.0f, 87.3f, -87.3f, 100.0f, -100.0f, 150.0f, -150.0f,
+                              1e30f, -1e30f, 1e-30f, -1e-30f};
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        const op_kernels *fast = pyllm_op_kernels(tier);
+        for (int li = 0; li < 6; ++li) {
+            const int n = lengths[li];
+            float max = -INFINITY;
+            for (int t = 0; t < n; ++t) {
+                s_ref[t] = rng_u32() % 7 == 0 ? -INFINITY : rng_float(-40, 10) * (t % 11 == 3 ? 30.0f : 1.0f);
+                max = s_ref[t] > max ? s_ref[t] : max;
+            }
+            if (max == -INFINITY) {  /* at least one visible score */
+                s_ref[0] = 0.0f;
+                max = 0.0f;
+            }
+            memcpy(s_got, s_ref, sizeof(float) * (size_t)n);
+            generic->softmax_half(s_ref, n, max);
+            fast->softmax_half(s_got, n, max);
+            CHECK(memcmp(s_ref, s_got, sizeof(float) * (size_t)n) == 0, "softmax_half n=%d tier %s", n,
+                  pyllm_tier_name(tier));
+            for (int t = 0; t < n; ++t) {
+                g[t] = t < 14 ? specials[t] : rng_float(-20, 20) * (t % 5 == 0 ? 10.0f : 1.0f);
+                u[t] = rng_float(-2, 2);
+                p[t] = rng_u32() % 5 == 0 ? 0.0f : fp16_to_fp32(fp32_to_fp16(rng_float(0, 1)));
+            }
+            generic->swiglu(g, u, y_ref, n);
+            fast->swiglu(g, u, y_got, n);
+            CHECK(memcmp(y_ref, y_got, sizeof(float) * (size_t)n) == 0, "swiglu n=%d tier %s", n, pyllm_tier_name(tier));
+            for (int d = 4; d <= MAX_D; d += 17) {
+                for (int i = 0; i < n * 2 * d; ++i) v[i] = fp32_to_fp16(rng_float(-2, 2));
+                generic->weighted_sum(p, v, 2 * d, n, d, out_ref);
+                fast->weighted_sum(p, v, 2 * d, n, d, out_got);
+                CHECK(memcmp(out_ref, out_got, sizeof(float) * (size_t)d) == 0, "weighted_sum n=%d d=%d tier %s", n,
+                      d, pyllm_tier_name(tier));
+            }
+        }
+    }
+    int within = 1;
+    for (int i = 0; i < 200000; ++i) {
+        const float x = rng_float(-87.0f, 88.0f);
+        const double want = exp((double)x);
+        const double ulp = (double)nextafterf((float)want, INFINITY) - (double)(float)want;
+        if (fabs((double)exp_ggml(x) - want) > 2.0 * ulp) within = 0;
+    }
+    CHECK(within, "exp_ggml within 2 ulp of exp on [-87, 88]");
+    CHECK(exp_ggml(-200.0f) == 0.0f && isinf(exp_ggml(200.0f)) && exp_ggml(0.0f) == 1.0f, "exp_ggml at the edges");
+}
+
 /* KV cache layers: a ring keeps the last `capacity` positions in slot p % capacity; a shift drops
  * positions [keep, keep + discard), moves the rest down and re-rotates their keys. */
 static void test_kv_cache_layer(void) {
@@ -284,6 +342,7 @@ int main(void) {
     test_bad_arguments();
     test_pool_team_sizes();
     test_attention_tiers_agree();
+    test_op_kernels_agree();
     test_kv_cache_layer();
     test_rows_kernels_agree();
     printf("%d passed, %d failed\n", passed, failed);
