@@ -26,6 +26,8 @@ typedef struct {
     uint8_t *act;          /* (m, act_row_bytes) */
     int64_t act_row_bytes;
     float *y;              /* (m, n) */
+    act_rows *groups;      /* with a rows kernel: the X rows in groups of VEC_DOT_MAX_ROWS */
+    int64_t n_groups;
 } matmul_job;
 
 static inline void split_range(int64_t total, int ith, int nth, int64_t *begin, int64_t *end) {
@@ -49,16 +51,12 @@ static void dot_task(void *arg, int ith, int nth) {
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
         int64_t r = 0;
-        if (job->rows_kernel != NULL) {  /* X rows in groups: each weight row unpacked once per group */
-            for (; r + 1 < job->m; r += VEC_DOT_MAX_ROWS) {
-                const int n_rows = job->m - r < VEC_DOT_MAX_ROWS ? (int)(job->m - r) : VEC_DOT_MAX_ROWS;
-                const void *acts[VEC_DOT_MAX_ROWS];
-                for (int i = 0; i < n_rows; ++i) acts[i] = job->act + (r + i) * job->act_row_bytes;
-                for (int64_t c = tile; c < tile_end; ++c) {
-                    float out[VEC_DOT_MAX_ROWS];
-                    job->rows_kernel(job->k, job->w + c * job->w_row_bytes, acts, n_rows, out);
-                    for (int i = 0; i < n_rows; ++i) job->y[(r + i) * job->n + c] = out[i];
-                }
+        for (int64_t gi = 0; gi < job->n_groups; ++gi, r += VEC_DOT_MAX_ROWS) {  /* weight rows unpacked once */
+            const act_rows *group = &job->groups[gi];
+            for (int64_t c = tile; c < tile_end; ++c) {
+                float out[VEC_DOT_MAX_ROWS];
+                job->rows_kernel(job->k, job->w + c * job->w_row_bytes, group, out);
+                for (int i = 0; i < group->n_rows; ++i) job->y[(r + i) * job->n + c] = out[i];
             }
         }
         for (; r < job->m; ++r) {
@@ -98,7 +96,27 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     /* a few rows (decode) are quicker to quantize here than to hand out */
     const int quantize_threads = m < 8 ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
+    /* X rows in groups for the multi-row kernel (a last lone row goes to the single-row kernel) */
+    float *scales = NULL;
+    if (status == PYLLM_OK && job.rows_kernel != NULL && m > 1) {
+        job.n_groups = (m + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
+        if ((m - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
+        const int64_t group_floats = k / QK32 * VEC_DOT_MAX_ROWS;
+        job.groups = malloc((size_t)job.n_groups * sizeof(act_rows));
+        scales = malloc((size_t)(job.n_groups * 2 * group_floats) * sizeof(float));
+        if (job.groups == NULL || scales == NULL) status = PYLLM_ERR_NOMEM;
+        for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
+            const int64_t r0 = gi * VEC_DOT_MAX_ROWS;
+            const int n_rows = m - r0 < VEC_DOT_MAX_ROWS ? (int)(m - r0) : VEC_DOT_MAX_ROWS;
+            const void *rows[VEC_DOT_MAX_ROWS];
+            for (int i = 0; i < n_rows; ++i) rows[i] = job.act + (r0 + i) * job.act_row_bytes;
+            float *scale = scales + gi * 2 * group_floats;
+            act_rows_prepare(&job.groups[gi], pyllm_vec_dot_type(type), rows, n_rows, k, scale, scale + group_floats);
+        }
+    }
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
+    free(job.groups);
+    free(scales);
     free(job.act);
     return status;
 }

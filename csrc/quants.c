@@ -467,3 +467,27 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q5_1] = quantize_row_q5_1_ref, [PYLLM_TYPE_Q8_0] = quantize_row_q8_0_ref,
     [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref, [PYLLM_TYPE_Q8_1] = quantize_row_q8_1_act,
 };
+
+void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, int n_rows, int64_t n, float *scale,
+                      float *sum) {
+    const int64_t nb = n / QK32;
+    group->n_rows = n_rows;
+    group->scale = scale;
+    group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
+    for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
+        const int real = r < n_rows;
+        group->rows[r] = rows[real ? r : 0];
+        for (int64_t b = 0; b < nb; ++b) {
+            float d = 0.0f, s = 0.0f;
+            if (real && act_type == PYLLM_TYPE_Q8_1) {
+                const block_q8_1 *y = rows[r];
+                d = fp16_to_fp32(y[b].d);
+                s = fp16_to_fp32(y[b].s);
+            } else if (real) {
+                d = fp16_to_fp32(((const block_q8_0 *)rows[r])[b].d);
+            }
+            scale[b * VEC_DOT_MAX_ROWS + r] = d;
+            if (group->sum != NULL) sum[b * VEC_DOT_MAX_ROWS + r] = s;
+        }
+    }
+}

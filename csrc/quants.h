@@ -189,10 +189,25 @@ static inline void q3_K_scales(const uint8_t *packed, int8_t out[16]) {
 typedef void (*dequantize_row_fn)(const void *blocks, float *y, int64_t n);
 typedef void (*quantize_row_fn)(const float *x, void *blocks, int64_t n);
 typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
-/* out[r] = vec_dot(n, w, acts[r]) for r < n_rows <= VEC_DOT_MAX_ROWS, bit for bit: one weight row against
- * several activation rows, unpacking the weights once. */
+/* Up to VEC_DOT_MAX_ROWS activation rows of q8_0 or q8_1 blocks for the multi-row kernels, with their
+ * scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...] its s
+ * (q8_1 only). Rows from n_rows on repeat row 0's blocks with scale and sum 0 (act_rows_prepare). */
 #define VEC_DOT_MAX_ROWS 4
-typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const void *const *acts, int n_rows, float *out);
+typedef struct {
+    const void *rows[VEC_DOT_MAX_ROWS];
+    const float *scale;
+    const float *sum;
+    int n_rows;
+} act_rows;
+
+/* Points group at the n_rows rows (1..VEC_DOT_MAX_ROWS) and fills scale (and, for q8_1 activations, sum):
+ * n / 32 * VEC_DOT_MAX_ROWS floats each. */
+void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, int n_rows, int64_t n, float *scale,
+                      float *sum);
+
+/* out[r] = vec_dot(n, w, group->rows[r]) for r < group->n_rows, bit for bit: one weight row against several
+ * activation rows, unpacking the weights once. */
+typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const act_rows *group, float *out);
 
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
  * kernel of its own (the dispatcher then uses the next lower tier's). */

@@ -144,31 +144,44 @@ VEC_DOT_32(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_si
 VEC_DOT_32(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
 VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, NO_MIN_STEP, 0)
 
+/* Lane i of v in all 8 lanes of a 256-bit vector. */
+#define broadcast_lane(v, i) _mm256_broadcastss_ps(_mm_permute_ps((v), _MM_SHUFFLE(i, i, i, i)))
+
 /* The same kernels over several activation rows: each weight block is unpacked once and met by every
- * row, each row's float steps in the single-row order. */
-#define VEC_DOT_32_ROWS(name, block_t, act_t, unpack, lanes, min_step, has_min)                               \
-    static void name(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {            \
+ * row, each row's float steps in the single-row order. The group's scales come as floats, block-major
+ * (act_rows), so a block's 4 scale products (and Q4_1 / Q5_1's 4 min terms) are one vector operation;
+ * all VEC_DOT_MAX_ROWS rows are computed (the missing ones on row 0's data, at scale 0), n_rows kept. */
+#define VEC_DOT_32_ROWS(name, block_t, act_t, unpack, lanes, rows_min_step, has_min)                          \
+    static void name(int64_t n, const void *w, const act_rows *group, float *out) {                         \
         const block_t *x = w;                                                                                 \
-        __m256 acc[VEC_DOT_MAX_ROWS];                                                                         \
-        float mins[VEC_DOT_MAX_ROWS];                                                                         \
-        for (int r = 0; r < n_rows; ++r) {                                                                    \
-            acc[r] = _mm256_setzero_ps();                                                                     \
-            mins[r] = 0.0f;                                                                                   \
-        }                                                                                                     \
+        const act_t *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];   \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                             \
+        __m128 mins = _mm_setzero_ps();                                                                       \
         for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
             const __m256i q = unpack(x + b);                                                                  \
-            const float xd = half_to_float(x[b].d);                                                           \
-            for (int r = 0; r < n_rows; ++r) {                                                                \
-                const act_t *y = (const act_t *)acts[r] + b;                                                  \
-                const __m256 scale = _mm256_set1_ps(xd * half_to_float(y->d));                                \
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes(q, y->qs)), acc[r]);                 \
-                min_step(mins[r], x + b, y);                                                                  \
-            }                                                                                                 \
+            const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)),                               \
+                                            _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));               \
+            rows_min_step(mins, x + b, group->sum + VEC_DOT_MAX_ROWS * b);                                    \
+            acc0 = _mm256_fmadd_ps(broadcast_lane(scale, 0), _mm256_cvtepi32_ps(lanes(q, y0[b].qs)), acc0);   \
+            acc1 = _mm256_fmadd_ps(broadcast_lane(scale, 1), _mm256_cvtepi32_ps(lanes(q, y1[b].qs)), acc1);   \
+            acc2 = _mm256_fmadd_ps(broadcast_lane(scale, 2), _mm256_cvtepi32_ps(lanes(q, y2[b].qs)), acc2);   \
+            acc3 = _mm256_fmadd_ps(broadcast_lane(scale, 3), _mm256_cvtepi32_ps(lanes(q, y3[b].qs)), acc3);   \
         }                                                                                                     \
-        for (int r = 0; r < n_rows; ++r) out[r] = has_min ? lanes_total(acc[r]) + mins[r] : lanes_total(acc[r]); \
+        float totals[VEC_DOT_MAX_ROWS] = {lanes_total(acc0), lanes_total(acc1), lanes_total(acc2), lanes_total(acc3)}; \
+        float min_terms[VEC_DOT_MAX_ROWS];                                                                    \
+        _mm_storeu_ps(min_terms, mins);                                                                       \
+        for (int r = 0; r < group->n_rows; ++r) out[r] = has_min ? totals[r] + min_terms[r] : totals[r];      \
     }
 
-VEC_DOT_32_ROWS(vec_dot_rows_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
+/* Q4_1 / Q5_1: the 4 rows' mins = fmaf(m, s, mins) at once */
+#define ROWS_MIN_STEP(mins, x, sums) ((mins) = _mm_fmadd_ps(_mm_set1_ps(half_to_float((x)->m)), _mm_loadu_ps(sums), (mins)))
+#define ROWS_NO_MIN_STEP(mins, x, sums) ((void)(mins))
+
+VEC_DOT_32_ROWS(vec_dot_rows_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
+VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, ROWS_MIN_STEP, 1)
+VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
+VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, ROWS_MIN_STEP, 1)
+VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
 
 /* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain. */
 static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
@@ -182,23 +195,28 @@ static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
-static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const void *const *acts, int n_rows, float *out) {
+/* The 4 int totals of 4 vectors of 8 int32 lanes, in one vector. */
+static inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+    const __m256i abcd = _mm256_hadd_epi32(ab, cd);  /* per 128-bit half: a b c d partial totals */
+    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
     const block_q4_0 *x = w;
-    float acc[VEC_DOT_MAX_ROWS] = {0};
+    const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
+    __m128 acc = _mm_setzero_ps();  /* lane r: row r's chain */
     for (int64_t b = 0; b < n / QK32; ++b) {
         const __m256i q = unpack_q4_0(x + b);
-        const float xd = half_to_float(x[b].d);
-        for (int r = 0; r < n_rows; ++r) {
-            const block_q8_0 *y = (const block_q8_0 *)acts[r] + b;
-            acc[r] = fmaf((float)hsum_i32x8(lanes_signed(q, y->qs)), xd * half_to_float(y->d), acc[r]);
-        }
+        const __m128i sums = totals4(lanes_signed(q, y0[b].qs), lanes_signed(q, y1[b].qs), lanes_signed(q, y2[b].qs),
+                                     lanes_signed(q, y3[b].qs));
+        const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)), _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
     }
-    for (int r = 0; r < n_rows; ++r) out[r] = acc[r];
+    float totals[VEC_DOT_MAX_ROWS];
+    _mm_storeu_ps(totals, acc);
+    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
 }
-VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, MIN_STEP, 1)
-VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, NO_MIN_STEP, 0)
-VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
-VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, NO_MIN_STEP, 0)
 
 /* ------------------------------------------------------------------------ */
 /* K-quants against q8_K: exact superblock sums, then the reference's fmaf  */

@@ -153,8 +153,10 @@ static void test_rows_kernels_agree(void) {
                 pyllm_quantize_activations(type, x, act[r], n);
             }
             for (int n_rows = 1; n_rows <= VEC_DOT_MAX_ROWS; ++n_rows) {
-                float out[VEC_DOT_MAX_ROWS];
-                rows(n, w, (const void *const *)act, n_rows, out);
+                float out[VEC_DOT_MAX_ROWS], scale[20 * VEC_DOT_MAX_ROWS], sum[20 * VEC_DOT_MAX_ROWS];
+                act_rows group;
+                act_rows_prepare(&group, pyllm_vec_dot_type(type), (const void *const *)act, n_rows, n, scale, sum);
+                rows(n, w, &group, out);
                 for (int r = 0; r < n_rows; ++r) {
                     const float want = one(n, w, act[r]);
                     bad += memcmp(&want, &out[r], sizeof(float)) != 0;
