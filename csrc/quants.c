@@ -470,9 +470,9 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
 
 void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, int n_rows, int64_t n, float *scale,
                       float *sum) {
-    const int64_t nb = n / QK32;
+    const int64_t nb = act_type == PYLLM_TYPE_Q8_K ? 0 : n / QK32;  /* q8_K keeps float scales of its own */
     group->n_rows = n_rows;
-    group->scale = scale;
+    group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
     for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
         const int real = r < n_rows;

@@ -189,9 +189,10 @@ static inline void q3_K_scales(const uint8_t *packed, int8_t out[16]) {
 typedef void (*dequantize_row_fn)(const void *blocks, float *y, int64_t n);
 typedef void (*quantize_row_fn)(const float *x, void *blocks, int64_t n);
 typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
-/* Up to VEC_DOT_MAX_ROWS activation rows of q8_0 or q8_1 blocks for the multi-row kernels, with their
+/* Up to VEC_DOT_MAX_ROWS activation rows for the multi-row kernels; for q8_0 / q8_1 blocks with their
  * scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...] its s
- * (q8_1 only). Rows from n_rows on repeat row 0's blocks with scale and sum 0 (act_rows_prepare). */
+ * (q8_1 only). Rows from n_rows on repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and
+ * their results are dropped. */
 #define VEC_DOT_MAX_ROWS 4
 typedef struct {
     const void *rows[VEC_DOT_MAX_ROWS];

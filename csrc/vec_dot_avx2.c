@@ -441,6 +441,46 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     return acc - chained_mins;
 }
 
+/* Q4_K over four activation rows: each superblock's nibbles and scales unpacked once; per 64-element
+ * chunk the four rows' exact sums in one vector (totals4), so each chain step is one vector FMA whose
+ * lane r is row r's fmaf. */
+static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    const block_q4_K *x = w;
+    const block_q8_K *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i scales_mins = k4_scales_mins(x[b].scales);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
+        /* group g's min term of rows 0..3, paired per chunk: lane 2c / 2c + 1 of each 128-bit half */
+        const __m256i min01 = _mm256_hadd_epi32(k4_mins_product(scales_mins, &y0[b]), k4_mins_product(scales_mins, &y1[b]));
+        const __m256i min23 = _mm256_hadd_epi32(k4_mins_product(scales_mins, &y2[b]), k4_mins_product(scales_mins, &y3[b]));
+        const __m128 d_act = _mm_setr_ps(y0[b].d, y1[b].d, y2[b].d, y3[b].d);
+        const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)), d_act);
+        const __m128 scale_min = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].dmin)), d_act);
+        for (int c = 0; c < 4; ++c) {
+            const __m256i packed = load32(x[b].qs + 32 * c);
+            const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+            const __m256i sc_lo = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c));
+            const __m256i sc_hi = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c + 1));
+#define Q4K_ROW(y) _mm256_add_epi32(chunk_dot(lo, (y)[b].qs + 64 * c, sc_lo), chunk_dot(hi, (y)[b].qs + 64 * c + 32, sc_hi))
+            const __m128i sums = totals4(Q4K_ROW(y0), Q4K_ROW(y1), Q4K_ROW(y2), Q4K_ROW(y3));
+#undef Q4K_ROW
+            /* [row0, row1] of chunk c from min01, [row2, row3] from min23: lanes c % 2 and c % 2 + 2 of half c / 2 */
+            const __m128i half01 = c < 2 ? _mm256_castsi256_si128(min01) : _mm256_extracti128_si256(min01, 1);
+            const __m128i half23 = c < 2 ? _mm256_castsi256_si128(min23) : _mm256_extracti128_si256(min23, 1);
+            const __m128 min_sums = c % 2 == 0
+                ? _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(2, 0, 2, 0))
+                : _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(3, 1, 3, 1));
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
+            mins = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_castps_si128(min_sums)), scale_min, mins);
+        }
+    }
+    float totals[VEC_DOT_MAX_ROWS];
+    _mm_storeu_ps(totals, _mm_sub_ps(acc, mins));
+    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
+}
+
 static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q5_K *x = w;
     const block_q8_K *y = act;
@@ -470,22 +510,36 @@ static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
-/* 128 elements of a Q6_K superblock (half h): unsigned q (0..63) times scale */
-static inline __m256i q6_K_half(const uint8_t *ql, const uint8_t *qh, const int8_t *a, __m256i scales) {
+/* 128 elements of a Q6_K superblock (half h) unpacked: four 32-element chunks of unsigned q (0..63)
+ * and the int16 scales each chunk's two groups take. */
+typedef struct {
+    __m256i q[4], scales[4];
+} q6_K_unpacked;
+
+static inline q6_K_unpacked q6_K_unpack_half(const uint8_t *ql, const uint8_t *qh, __m256i scales) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m2 = _mm256_set1_epi8(0x30);
     const __m256i ql0 = load32(ql), ql1 = load32(ql + 32), h = load32(qh);
+    q6_K_unpacked u;
     /* two high bits of chunk j: bits 2j, 2j + 1 of qh[l], moved to bits 4, 5 */
-    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
-    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
-    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(h, m2));
-    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
-    const __m256i p0 = chunk_dot(q0, a, _mm256_shuffle_epi8(scales, group_pair_pattern(0)));
-    const __m256i p1 = chunk_dot(q1, a + 32, _mm256_shuffle_epi8(scales, group_pair_pattern(1)));
-    const __m256i p2 = chunk_dot(q2, a + 64, _mm256_shuffle_epi8(scales, group_pair_pattern(2)));
-    const __m256i p3 = chunk_dot(q3, a + 96, _mm256_shuffle_epi8(scales, group_pair_pattern(3)));
+    u.q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
+    u.q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
+    u.q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(h, m2));
+    u.q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
+    for (int j = 0; j < 4; ++j) u.scales[j] = _mm256_shuffle_epi8(scales, group_pair_pattern(j));
+    return u;
+}
+
+/* int32 partial sums of scale * q * a over an unpacked half */
+static inline __m256i q6_K_half_dot(const q6_K_unpacked *u, const int8_t *a) {
+    const __m256i p0 = chunk_dot(u->q[0], a, u->scales[0]), p1 = chunk_dot(u->q[1], a + 32, u->scales[1]);
+    const __m256i p2 = chunk_dot(u->q[2], a + 64, u->scales[2]), p3 = chunk_dot(u->q[3], a + 96, u->scales[3]);
     return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
+}
+
+static inline __m256i q6_K_half(const uint8_t *ql, const uint8_t *qh, const int8_t *a, __m256i scales) {
+    const q6_K_unpacked u = q6_K_unpack_half(ql, qh, scales);
+    return q6_K_half_dot(&u, a);
 }
 
 static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
@@ -504,6 +558,32 @@ static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
         acc = fmaf(half_to_float(x[b].d) * (float)hsum_i32x8(sums), y[b].d, acc);
     }
     return acc;
+}
+
+/* Q6_K over four activation rows: each superblock unpacked once, the four rows' exact sums in one vector. */
+static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    const block_q6_K *x = w;
+    const block_q8_K *y[VEC_DOT_MAX_ROWS] = {group->rows[0], group->rows[1], group->rows[2], group->rows[3]};
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const q6_K_unpacked lo = q6_K_unpack_half(x[b].ql, x[b].qh, _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)));
+        const q6_K_unpacked hi = q6_K_unpack_half(x[b].ql + 64, x[b].qh + 32,
+                                                  _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8))));
+        __m256i sums[VEC_DOT_MAX_ROWS];
+        for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
+            const __m256i corr = _mm256_madd_epi16(sc16, load32(y[r][b].bsums));
+            sums[r] = _mm256_sub_epi32(_mm256_add_epi32(q6_K_half_dot(&lo, y[r][b].qs), q6_K_half_dot(&hi, y[r][b].qs + 128)),
+                                       _mm256_slli_epi32(corr, 5));
+        }
+        const __m128 scaled = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)),
+                                         _mm_cvtepi32_ps(totals4(sums[0], sums[1], sums[2], sums[3])));
+        acc = _mm_fmadd_ps(scaled, _mm_setr_ps(y[0][b].d, y[1][b].d, y[2][b].d, y[3][b].d), acc);
+    }
+    float totals[VEC_DOT_MAX_ROWS];
+    _mm_storeu_ps(totals, acc);
+    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -699,7 +779,8 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2,
     [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,
     [PYLLM_TYPE_Q5_0] = vec_dot_rows_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows_q5_1_avx2,
-    [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2,
+    [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows_q4_K_avx2,
+    [PYLLM_TYPE_Q6_K] = vec_dot_rows_q6_K_avx2,
 };
 
 const vec_dot_cols_fn vec_dot_cols_table_avx2[PYLLM_TYPE_COUNT] = {
