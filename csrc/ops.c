@@ -111,6 +111,7 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     const int32_t qp = job->qpos[r];
     float max = -INFINITY;
     const int64_t stride = job->n_head_kv * d;
+    int64_t first = n_kv, last = -1;  /* the visible slots' span */
     for (int64_t t = 0; t < n_kv;) {
         if (!key_visible(job, t, qp)) {
             scores[t++] = -INFINITY;
@@ -118,6 +119,8 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
         }
         int64_t end = t + 1;  /* a run of visible slots: their dot products in one call */
         while (end < n_kv && key_visible(job, end, qp)) ++end;
+        first = t < first ? t : first;
+        last = end - 1;
         job->kernels->dots(q, job->k + t * stride + hk * d, stride, end - t, d, scores + t);
         for (; t < end; ++t) {
             float s = scores[t] * job->scale;
@@ -130,8 +133,11 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
         for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
         return;
     }
-    job->kernels->softmax_half(scores, n_kv, max);
-    job->kernels->weighted_sum(scores, job->v + hk * d, stride, n_kv, d, out);
+    /* whole groups of 8 slots with no visible key add nothing (exp of a masked score is 0): the span from
+     * the group of the first visible slot to the last visible slot gives the same bits */
+    const int64_t begin = first / 8 * 8, span = last + 1 - begin;
+    job->kernels->softmax_half(scores + begin, span, max);
+    job->kernels->weighted_sum(scores + begin, job->v + begin * stride + hk * d, stride, span, d, out);
 }
 
 static void attention_task(void *arg, int ith, int nth) {
