@@ -230,6 +230,8 @@ static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *gro
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                             \
         __m128 mins = _mm_setzero_ps();                                                                       \
         for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
+            _mm_prefetch((const char *)(x0 + b) + 512, _MM_HINT_T0); _mm_prefetch((const char *)(x1 + b) + 512, _MM_HINT_T0); \
+            _mm_prefetch((const char *)(x2 + b) + 512, _MM_HINT_T0); _mm_prefetch((const char *)(x3 + b) + 512, _MM_HINT_T0); \
             const __m128 scale = _mm_mul_ps(halves4(x0[b].d, x1[b].d, x2[b].d, x3[b].d),                       \
                                             _mm_set1_ps(half_to_float(y[b].d)));                              \
             cols_min_step(mins, x0, x1, x2, x3, y, b);                                                        \
