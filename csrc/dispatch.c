@@ -159,11 +159,6 @@ vec_dot_rows_fn pyllm_active_vec_dot_rows(int type) {
     return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows_table_avx2[type] : NULL;
 }
 
-vec_dot_cols_fn pyllm_active_vec_dot_cols(int type) {
-    /* the AVX2 ones serve the tiers above too: every tier's kernels give the same bits */
-    return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_cols_table_avx2[type] : NULL;
-}
-
 const op_kernels *pyllm_op_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && op_kernels_avx2.dots != NULL) return &op_kernels_avx2;
     return &op_kernels_generic;

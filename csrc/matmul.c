@@ -18,7 +18,6 @@
 typedef struct {
     vec_dot_fn kernel;
     vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
-    vec_dot_cols_fn cols_kernel;  /* NULL: the type has none in this tier */
     int type;
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
@@ -63,13 +62,7 @@ static void dot_task(void *arg, int ith, int nth) {
         for (; r < job->m; ++r) {
             const uint8_t *act = job->act + r * job->act_row_bytes;
             float *y = job->y + r * job->n;
-            int64_t c = tile;
-            if (job->cols_kernel != NULL) {  /* weight rows in fours, their chains interleaved */
-                for (; c + VEC_DOT_COLS <= tile_end; c += VEC_DOT_COLS) {
-                    job->cols_kernel(job->k, job->w + c * job->w_row_bytes, job->w_row_bytes, act, y + c);
-                }
-            }
-            for (; c < tile_end; ++c) y[c] = job->kernel(job->k, job->w + c * job->w_row_bytes, act);
+            for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, job->w + c * job->w_row_bytes, act);
         }
     }
 }
@@ -86,7 +79,6 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     matmul_job job = {
         .kernel = pyllm_active_vec_dot(type),
         .rows_kernel = pyllm_active_vec_dot_rows(type),
-        .cols_kernel = pyllm_active_vec_dot_cols(type),
         .type = type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),

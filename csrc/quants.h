@@ -210,11 +210,6 @@ void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, in
  * activation rows, unpacking the weights once. */
 typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const act_rows *group, float *out);
 
-/* out[c] = vec_dot(n, w + c * w_stride bytes, act) for c < VEC_DOT_COLS, bit for bit: several weight rows
- * against one activation row, their independent chains interleaved (what a decode step is made of). */
-#define VEC_DOT_COLS 4
-typedef void (*vec_dot_cols_fn)(int64_t n, const void *w, int64_t w_stride, const void *act, float *out);
-
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
  * kernel of its own (the dispatcher then uses the next lower tier's). */
 extern const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT];
@@ -223,7 +218,6 @@ extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 /* Multi-row kernels where a tier has them (NULL elsewhere: matmul then calls vec_dot row by row). */
 extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
-extern const vec_dot_cols_fn vec_dot_cols_table_avx2[PYLLM_TYPE_COUNT];
 
 /* The non-matmul inner loops, one set per tier, bit-identical (llama.cpp's arithmetic; see ops.c):
  * dots:         out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes

@@ -218,64 +218,6 @@ static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *gro
     for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
 }
 
-/* Four weight rows against one activation row: the activation block loaded (and its scales converted)
- * once, four independent FMA chains in flight instead of one waiting on its own latency. */
-#define VEC_DOT_32_COLS(name, block_t, act_t, unpack, lanes, cols_min_step, has_min)                          \
-    static void name(int64_t n, const void *w, int64_t w_stride, const void *act, float *out) {              \
-        const block_t *x0 = w;                                                                                \
-        const block_t *x1 = (const block_t *)((const uint8_t *)w + w_stride);                                 \
-        const block_t *x2 = (const block_t *)((const uint8_t *)w + 2 * w_stride);                             \
-        const block_t *x3 = (const block_t *)((const uint8_t *)w + 3 * w_stride);                             \
-        const act_t *y = act;                                                                                 \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                             \
-        __m128 mins = _mm_setzero_ps();                                                                       \
-        for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
-            _mm_prefetch((const char *)(x0 + b) + 512, _MM_HINT_T0); _mm_prefetch((const char *)(x1 + b) + 512, _MM_HINT_T0); \
-            _mm_prefetch((const char *)(x2 + b) + 512, _MM_HINT_T0); _mm_prefetch((const char *)(x3 + b) + 512, _MM_HINT_T0); \
-            const __m128 scale = _mm_mul_ps(halves4(x0[b].d, x1[b].d, x2[b].d, x3[b].d),                       \
-                                            _mm_set1_ps(half_to_float(y[b].d)));                              \
-            cols_min_step(mins, x0, x1, x2, x3, y, b);                                                        \
-            acc0 = _mm256_fmadd_ps(broadcast_lane(scale, 0), _mm256_cvtepi32_ps(lanes(unpack(x0 + b), y[b].qs)), acc0); \
-            acc1 = _mm256_fmadd_ps(broadcast_lane(scale, 1), _mm256_cvtepi32_ps(lanes(unpack(x1 + b), y[b].qs)), acc1); \
-            acc2 = _mm256_fmadd_ps(broadcast_lane(scale, 2), _mm256_cvtepi32_ps(lanes(unpack(x2 + b), y[b].qs)), acc2); \
-            acc3 = _mm256_fmadd_ps(broadcast_lane(scale, 3), _mm256_cvtepi32_ps(lanes(unpack(x3 + b), y[b].qs)), acc3); \
-        }                                                                                                     \
-        float min_terms[VEC_DOT_COLS];                                                                        \
-        _mm_storeu_ps(min_terms, mins);                                                                       \
-        const float totals[VEC_DOT_COLS] = {lanes_total(acc0), lanes_total(acc1), lanes_total(acc2), lanes_total(acc3)}; \
-        for (int c = 0; c < VEC_DOT_COLS; ++c) out[c] = has_min ? totals[c] + min_terms[c] : totals[c];       \
-    }
-
-/* Four halves as four floats. */
-static inline __m128 halves4(fp16_t a, fp16_t b, fp16_t c, fp16_t d) {
-    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
-}
-/* Q4_1 / Q5_1: the 4 weight rows' mins = fmaf(m, s, mins) at once */
-#define COLS_MIN_STEP(mins, x0, x1, x2, x3, y, b) \
-    ((mins) = _mm_fmadd_ps(halves4(x0[b].m, x1[b].m, x2[b].m, x3[b].m), _mm_set1_ps(half_to_float(y[b].s)), (mins)))
-#define COLS_NO_MIN_STEP(mins, x0, x1, x2, x3, y, b) ((void)(mins))
-
-VEC_DOT_32_COLS(vec_dot_cols_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, COLS_NO_MIN_STEP, 0)
-VEC_DOT_32_COLS(vec_dot_cols_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, COLS_MIN_STEP, 1)
-VEC_DOT_32_COLS(vec_dot_cols_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, COLS_NO_MIN_STEP, 0)
-VEC_DOT_32_COLS(vec_dot_cols_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, COLS_MIN_STEP, 1)
-VEC_DOT_32_COLS(vec_dot_cols_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, COLS_NO_MIN_STEP, 0)
-
-static void vec_dot_cols_q4_0_avx2(int64_t n, const void *w, int64_t w_stride, const void *act, float *out) {
-    const block_q4_0 *x0 = w, *x1 = (const block_q4_0 *)((const uint8_t *)w + w_stride);
-    const block_q4_0 *x2 = (const block_q4_0 *)((const uint8_t *)w + 2 * w_stride);
-    const block_q4_0 *x3 = (const block_q4_0 *)((const uint8_t *)w + 3 * w_stride);
-    const block_q8_0 *y = act;
-    __m128 acc = _mm_setzero_ps();  /* lane c: weight row c's chain */
-    for (int64_t b = 0; b < n / QK32; ++b) {
-        const __m128i sums = totals4(lanes_signed(unpack_q4_0(x0 + b), y[b].qs), lanes_signed(unpack_q4_0(x1 + b), y[b].qs),
-                                     lanes_signed(unpack_q4_0(x2 + b), y[b].qs), lanes_signed(unpack_q4_0(x3 + b), y[b].qs));
-        const __m128 scale = _mm_mul_ps(halves4(x0[b].d, x1[b].d, x2[b].d, x3[b].d), _mm_set1_ps(half_to_float(y[b].d)));
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
-    }
-    _mm_storeu_ps(out, acc);
-}
-
 /* ------------------------------------------------------------------------ */
 /* K-quants against q8_K: exact superblock sums, then the reference's fmaf  */
 /* ------------------------------------------------------------------------ */
@@ -588,72 +530,6 @@ static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const act_rows *gro
     for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
 }
 
-/* Q4_K, four weight rows against one activation row (a decode step): the four chains interleaved. */
-static void vec_dot_cols_q4_K_avx2(int64_t n, const void *w, int64_t w_stride, const void *act, float *out) {
-    const block_q4_K *x[VEC_DOT_COLS];
-    for (int j = 0; j < VEC_DOT_COLS; ++j) x[j] = (const block_q4_K *)((const uint8_t *)w + j * w_stride);
-    const block_q8_K *y = act;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        __m128i scales_mins[VEC_DOT_COLS];
-        __m256i scales[VEC_DOT_COLS], min_terms[VEC_DOT_COLS];
-        for (int j = 0; j < VEC_DOT_COLS; ++j) {
-            scales_mins[j] = k4_scales_mins(x[j][b].scales);
-            scales[j] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins[j]));
-            min_terms[j] = k4_mins_product(scales_mins[j], &y[b]);
-        }
-        const __m256i min01 = _mm256_hadd_epi32(min_terms[0], min_terms[1]);
-        const __m256i min23 = _mm256_hadd_epi32(min_terms[2], min_terms[3]);
-        const __m128 d_act = _mm_set1_ps(y[b].d);
-        const __m128 scale = _mm_mul_ps(halves4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d), d_act);
-        const __m128 scale_min = _mm_mul_ps(halves4(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin), d_act);
-        for (int c = 0; c < 4; ++c) {
-            const int8_t *a = y[b].qs + 64 * c;
-            __m256i sums[VEC_DOT_COLS];
-            for (int j = 0; j < VEC_DOT_COLS; ++j) {
-                const __m256i packed = load32(x[j][b].qs + 32 * c);
-                sums[j] = _mm256_add_epi32(
-                    chunk_dot(_mm256_and_si256(packed, m4), a, _mm256_shuffle_epi8(scales[j], scale_pattern8(2 * c))),
-                    chunk_dot(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4), a + 32,
-                              _mm256_shuffle_epi8(scales[j], scale_pattern8(2 * c + 1))));
-            }
-            const __m128i half01 = c < 2 ? _mm256_castsi256_si128(min01) : _mm256_extracti128_si256(min01, 1);
-            const __m128i half23 = c < 2 ? _mm256_castsi256_si128(min23) : _mm256_extracti128_si256(min23, 1);
-            const __m128 min_sums = c % 2 == 0
-                ? _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(2, 0, 2, 0))
-                : _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(3, 1, 3, 1));
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(totals4(sums[0], sums[1], sums[2], sums[3])), scale, acc);
-            mins = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_castps_si128(min_sums)), scale_min, mins);
-        }
-    }
-    _mm_storeu_ps(out, _mm_sub_ps(acc, mins));
-}
-
-/* Q6_K, four weight rows against one activation row. */
-static void vec_dot_cols_q6_K_avx2(int64_t n, const void *w, int64_t w_stride, const void *act, float *out) {
-    const block_q6_K *x[VEC_DOT_COLS];
-    for (int j = 0; j < VEC_DOT_COLS; ++j) x[j] = (const block_q6_K *)((const uint8_t *)w + j * w_stride);
-    const block_q8_K *y = act;
-    __m128 acc = _mm_setzero_ps();
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        const __m256i bsums = load32(y[b].bsums);
-        __m256i sums[VEC_DOT_COLS];
-        for (int j = 0; j < VEC_DOT_COLS; ++j) {
-            const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[j][b].scales);
-            const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums);
-            const __m256i s0 = q6_K_half(x[j][b].ql, x[j][b].qh, y[b].qs, _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)));
-            const __m256i s1 = q6_K_half(x[j][b].ql + 64, x[j][b].qh + 32, y[b].qs + 128,
-                                         _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8))));
-            sums[j] = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(corr, 5));
-        }
-        const __m128 scaled = _mm_mul_ps(halves4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d),
-                                         _mm_cvtepi32_ps(totals4(sums[0], sums[1], sums[2], sums[3])));
-        acc = _mm_fmadd_ps(scaled, _mm_set1_ps(y[b].d), acc);
-    }
-    _mm_storeu_ps(out, acc);
-}
-
 /* ------------------------------------------------------------------------ */
 /* float weights against activations in the same format: 8 element lanes   */
 /* ------------------------------------------------------------------------ */
@@ -851,18 +727,10 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_rows_q6_K_avx2,
 };
 
-const vec_dot_cols_fn vec_dot_cols_table_avx2[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_0] = vec_dot_cols_q4_0_avx2,
-    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_cols_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_cols_q4_1_avx2,
-    [PYLLM_TYPE_Q5_0] = vec_dot_cols_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_cols_q5_1_avx2,
-    [PYLLM_TYPE_Q8_0] = vec_dot_cols_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_cols_q4_K_avx2,
-    [PYLLM_TYPE_Q6_K] = vec_dot_cols_q6_K_avx2,
-};
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
 const op_kernels op_kernels_avx2 = {NULL, NULL, NULL, NULL};
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {0};
-const vec_dot_cols_fn vec_dot_cols_table_avx2[PYLLM_TYPE_COUNT] = {0};
 
 #endif

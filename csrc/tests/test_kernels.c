@@ -171,38 +171,6 @@ static void test_rows_kernels_agree(void) {
     CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
 }
 
-static void test_cols_kernels_agree(void) {
-    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
-    int checked = 0, bad = 0;
-    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
-        const int type = weight_types[ti];
-        const vec_dot_cols_fn cols = vec_dot_cols_table_avx2[type];
-        if (cols == NULL) continue;
-        const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
-        const int64_t bs = pyllm_type_block_size(type), row_bytes = pyllm_type_size(type);
-        for (int blocks = 1; blocks <= 20; ++blocks) {
-            const int64_t n = bs * blocks, stride = blocks * row_bytes + 6;  /* rows apart, not packed */
-            uint8_t *w = malloc((size_t)(VEC_DOT_COLS * stride));
-            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-            float *x = malloc((size_t)n * sizeof(float));
-            for (int c = 0; c < VEC_DOT_COLS; ++c) random_weights(type, w + c * stride, n, FILL_RANDOM);
-            for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
-            pyllm_quantize_activations(type, x, act, n);
-            float out[VEC_DOT_COLS];
-            cols(n, w, stride, act, out);
-            for (int c = 0; c < VEC_DOT_COLS; ++c) {
-                const float want = one(n, w + c * stride, act);
-                bad += memcmp(&want, &out[c], sizeof(float)) != 0;
-                checked++;
-            }
-            free(w);
-            free(act);
-            free(x);
-        }
-    }
-    CHECK(bad == 0, "multi-column kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
-}
-
 /* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail). */
 static void test_attention_tiers_agree(void) {
     enum { M = 3, N_KV = 17, N_HEAD = 4, N_HEAD_KV = 2, MAX_D = 72 };
@@ -379,7 +347,6 @@ int main(void) {
     test_op_kernels_agree();
     test_kv_cache_layer();
     test_rows_kernels_agree();
-    test_cols_kernels_agree();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
