@@ -4,6 +4,7 @@
  * holds (so batching never changes a result).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "dispatch.h"
@@ -61,17 +62,24 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef * x, x, 1.0f)));
 }
 
+/* gelu_tanh of every half-precision value, rounded to half precision (llama.cpp's table, made alike) */
+static fp16_t gelu_half[1 << 16];
+static pthread_once_t gelu_half_once = PTHREAD_ONCE_INIT;
+
+static void fill_gelu_half(void) {
+    for (uint32_t h = 0; h < (1u << 16); ++h) gelu_half[h] = fp32_to_fp16(gelu_tanh(fp16_to_fp32((fp16_t)h)));
+}
+
 /* y[i] = gelu_tanh(gate[i]) * up[i], with gelu evaluated as ggml's CPU backend does (so the numbers are
- * llama.cpp's): at the gate rounded to half precision, the result rounded to half precision; gates
- * beyond +-10 take the asymptotes 0 and x. */
+ * llama.cpp's): at the gate rounded to half precision, the result rounded to half precision (one table
+ * lookup); gates beyond +-10 give 0 and gate * up. */
 void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
+    pthread_once(&gelu_half_once, fill_gelu_half);
     for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
-        float act;
-        if (g <= -10.0f) act = 0.0f;
-        else if (g >= 10.0f) act = g;
-        else act = fp16_to_fp32(fp32_to_fp16(gelu_tanh(fp16_to_fp32(fp32_to_fp16(g)))));
-        y[i] = act * up[i];
+        if (g <= -10.0f) y[i] = 0.0f;
+        else if (g >= 10.0f) y[i] = g * up[i];
+        else y[i] = fp16_to_fp32(gelu_half[fp32_to_fp16(g)]) * up[i];
     }
 }
 
