@@ -202,6 +202,13 @@ static inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
 }
 
+/* out[r] = lane r of v for the group's real rows */
+static inline void store_rows(__m128 v, const act_rows *group, float *out) {
+    float lanes[VEC_DOT_MAX_ROWS];
+    _mm_storeu_ps(lanes, v);
+    for (int r = 0; r < group->n_rows; ++r) out[r] = lanes[r];
+}
+
 static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
     const block_q4_0 *x = w;
     const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
@@ -213,9 +220,7 @@ static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *gro
         const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)), _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
     }
-    float totals[VEC_DOT_MAX_ROWS];
-    _mm_storeu_ps(totals, acc);
-    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
+    store_rows(acc, group, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -360,10 +365,29 @@ static inline __m256i k4_mins_product(__m128i scales_mins, const block_q8_K *y) 
     return _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)), load32(y->bsums));
 }
 
+/* 64-element chunk c of a Q4_K superblock (groups 2c and 2c + 1): its nibbles and their int16 scales */
+typedef struct {
+    __m256i lo, hi, scale_lo, scale_hi;
+} q4_K_chunk;
+
+static inline q4_K_chunk q4_K_unpack_chunk(const block_q4_K *x, __m256i scales, int c) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), packed = load32(x->qs + 32 * c);
+    q4_K_chunk u;
+    u.lo = _mm256_and_si256(packed, m4);
+    u.hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+    u.scale_lo = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c));
+    u.scale_hi = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c + 1));
+    return u;
+}
+
+/* int32 partial sums of scale * q * a over the chunk, a its 64 activations */
+static inline __m256i q4_K_chunk_dot(const q4_K_chunk *u, const int8_t *a) {
+    return _mm256_add_epi32(chunk_dot(u->lo, a, u->scale_lo), chunk_dot(u->hi, a + 32, u->scale_hi));
+}
+
 static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q4_K *x = w;
     const block_q8_K *y = act;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     float acc = 0.0f, chained_mins = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
@@ -372,13 +396,9 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
         const int8_t *a = y[b].qs;
         const float scale = half_to_float(x[b].d) * y[b].d, scale_min = half_to_float(x[b].dmin) * y[b].d;
-        for (int c = 0; c < 4; ++c) {  /* 64-element chunk c: groups 2c and 2c + 1 */
-            const __m256i packed = load32(x[b].qs + 32 * c);
-            const __m256i sums = _mm256_add_epi32(
-                chunk_dot(_mm256_and_si256(packed, m4), a + 64 * c, _mm256_shuffle_epi8(scales, scale_pattern8(2 * c))),
-                chunk_dot(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4), a + 64 * c + 32,
-                          _mm256_shuffle_epi8(scales, scale_pattern8(2 * c + 1))));
-            acc = fmaf((float)hsum_i32x8(sums), scale, acc);
+        for (int c = 0; c < 4; ++c) {
+            const q4_K_chunk u = q4_K_unpack_chunk(&x[b], scales, c);
+            acc = fmaf((float)hsum_i32x8(q4_K_chunk_dot(&u, a + 64 * c)), scale, acc);
             chained_mins = fmaf((float)(min_terms[2 * c] + min_terms[2 * c + 1]), scale_min, chained_mins);
         }
     }
@@ -391,7 +411,6 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
 static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
     const block_q4_K *x = w;
     const block_q8_K *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
@@ -403,13 +422,9 @@ static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *gro
         const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)), d_act);
         const __m128 scale_min = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].dmin)), d_act);
         for (int c = 0; c < 4; ++c) {
-            const __m256i packed = load32(x[b].qs + 32 * c);
-            const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
-            const __m256i sc_lo = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c));
-            const __m256i sc_hi = _mm256_shuffle_epi8(scales, scale_pattern8(2 * c + 1));
-#define Q4K_ROW(y) _mm256_add_epi32(chunk_dot(lo, (y)[b].qs + 64 * c, sc_lo), chunk_dot(hi, (y)[b].qs + 64 * c + 32, sc_hi))
-            const __m128i sums = totals4(Q4K_ROW(y0), Q4K_ROW(y1), Q4K_ROW(y2), Q4K_ROW(y3));
-#undef Q4K_ROW
+            const q4_K_chunk u = q4_K_unpack_chunk(&x[b], scales, c);
+            const __m128i sums = totals4(q4_K_chunk_dot(&u, y0[b].qs + 64 * c), q4_K_chunk_dot(&u, y1[b].qs + 64 * c),
+                                         q4_K_chunk_dot(&u, y2[b].qs + 64 * c), q4_K_chunk_dot(&u, y3[b].qs + 64 * c));
             /* [row0, row1] of chunk c from min01, [row2, row3] from min23: lanes c % 2 and c % 2 + 2 of half c / 2 */
             const __m128i half01 = c < 2 ? _mm256_castsi256_si128(min01) : _mm256_extracti128_si256(min01, 1);
             const __m128i half23 = c < 2 ? _mm256_castsi256_si128(min23) : _mm256_extracti128_si256(min23, 1);
@@ -420,9 +435,7 @@ static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *gro
             mins = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_castps_si128(min_sums)), scale_min, mins);
         }
     }
-    float totals[VEC_DOT_MAX_ROWS];
-    _mm_storeu_ps(totals, _mm_sub_ps(acc, mins));
-    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
+    store_rows(_mm_sub_ps(acc, mins), group, out);
 }
 
 static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
@@ -525,9 +538,7 @@ static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const act_rows *gro
                                          _mm_cvtepi32_ps(totals4(sums[0], sums[1], sums[2], sums[3])));
         acc = _mm_fmadd_ps(scaled, _mm_setr_ps(y[0][b].d, y[1][b].d, y[2][b].d, y[3][b].d), acc);
     }
-    float totals[VEC_DOT_MAX_ROWS];
-    _mm_storeu_ps(totals, acc);
-    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
+    store_rows(acc, group, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -635,14 +646,19 @@ static void softmax_half_avx2(float *s, int64_t n, float max) {
     const __m256 vmax = _mm256_set1_ps(max), masked_score = _mm256_set1_ps(-INFINITY);
     double sum = 0.0;
     for (int64_t g = 0; g < n; g += 8) {
+        /* a last partial group goes through a copy padded with masked scores */
         float pad[8];
         const int64_t len = n - g < 8 ? n - g : 8;
-        for (int64_t l = 0; l < 8; ++l) pad[l] = l < len ? s[g + l] : -INFINITY;
-        const __m256 x = _mm256_loadu_ps(pad);
+        float *group = s + g;
+        if (len < 8) {
+            for (int64_t l = 0; l < 8; ++l) pad[l] = l < len ? s[g + l] : -INFINITY;
+            group = pad;
+        }
+        const __m256 x = _mm256_loadu_ps(group);
         const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, masked_score, _CMP_EQ_OQ),
                                           exp_ggml8(_mm256_sub_ps(x, vmax)));
-        _mm256_storeu_ps(pad, e);
-        for (int64_t l = 0; l < len; ++l) s[g + l] = pad[l];
+        _mm256_storeu_ps(group, e);
+        if (len < 8) for (int64_t l = 0; l < len; ++l) s[g + l] = pad[l];
         sum += (double)hsum8(e);
     }
     const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
