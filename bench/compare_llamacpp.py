@@ -259,9 +259,9 @@ def llama_cpp_noise(ref, alternatives: dict[str, object], tokens: list[int]) -> 
 
 
 def greedy_divergence(ours: Llama, ref, tokens: list[int],
-                      n_tokens: int) -> tuple[int, str, np.ndarray, tuple[float, float] | None]:
+                      n_tokens: int) -> tuple[int, str, np.ndarray, tuple[float, float] | None, list[int]]:
     """Argmax-continue `tokens` on both sides for n_tokens: (identical leading tokens, explanation, our prompt
-    logits, each side's margin at the first difference or None).
+    logits, each side's margin at the first difference or None, our n_tokens tokens).
 
     The explanation gives, at the first difference, each side's logit margin of its own choice over the other's
     (a margin near 0 is a near tie that any rounding difference can flip).
@@ -273,28 +273,17 @@ def greedy_divergence(ours: Llama, ref, tokens: list[int],
     mine, logits, same, why, margins = [], prompt_logits[-1], n_tokens, "", None
     for k in range(n_tokens):
         mine.append(int(np.argmax(logits)))
-        if mine[-1] != theirs[k]:
+        if margins is None and mine[-1] != theirs[k]:
             ref_row = np.asarray(ref.scores[len(tokens) - 1 + k])
             same = k
             margins = (float(logits[mine[k]] - logits[theirs[k]]), float(ref_row[theirs[k]] - ref_row[mine[k]]))
-            why = (f"llama.cpp {ref.detokenize(theirs[k:k + 6])!r} vs pyllm {ref.detokenize(mine[k:k + 6])!r} "
-                   f"at token {k}; logit margin of each side's choice there: pyllm {margins[0]:.3f}, "
-                   f"llama.cpp {margins[1]:.3f}")
-            break
         if k + 1 < n_tokens:
             logits = model.forward([mine[-1]], cache)
-    return same, why, prompt_logits, margins
-
-
-def greedy_tokens(ours: Llama, tokens: list[int], n_tokens: int) -> list[int]:
-    model = ours.model
-    cache = model.new_cache(len(tokens) + n_tokens)
-    logits, out = model.forward(tokens, cache), []
-    for k in range(n_tokens):
-        out.append(int(np.argmax(logits)))
-        if k + 1 < n_tokens:
-            logits = model.forward([out[-1]], cache)
-    return out
+    if margins is not None:
+        why = (f"llama.cpp {ref.detokenize(theirs[same:same + 6])!r} vs pyllm {ref.detokenize(mine[same:same + 6])!r} "
+               f"at token {same}; logit margin of each side's choice there: pyllm {margins[0]:.3f}, "
+               f"llama.cpp {margins[1]:.3f}")
+    return same, why, prompt_logits, margins, mine
 
 
 def compare_greedy(ours: Llama, ref, alternatives: dict[str, object], n_tokens: int,
@@ -303,7 +292,7 @@ def compare_greedy(ours: Llama, ref, alternatives: dict[str, object], n_tokens: 
     ref.reset()
     ref.eval(tokens)
     ref_logits = np.array(ref.scores[: len(tokens)], dtype=np.float32)
-    same, why, got, margins = greedy_divergence(ours, ref, tokens, n_tokens)
+    same, why, got, margins, ours_tokens = greedy_divergence(ours, ref, tokens, n_tokens)
     row.noise = llama_cpp_noise(ref, alternatives, tokens)
     row.greedy_tie = margins is not None and max(margins) < row.noise
     row.logits = f"{int((got.view(np.uint32) == ref_logits.view(np.uint32)).all(axis=1).sum())}/{len(tokens)}"
@@ -314,7 +303,6 @@ def compare_greedy(ours: Llama, ref, alternatives: dict[str, object], n_tokens: 
     if why:
         notes.append("greedy: " + why)
     theirs = llama_cpp_greedy(ref, tokens, n_tokens)
-    ours_tokens = greedy_tokens(ours, tokens, n_tokens)
     row.greedy_prompt = f"{leading_agreement(ours_tokens, llama_cpp_prompt_greedy(ref, tokens, n_tokens))}/{n_tokens}"
     own, which = self_agreement(theirs, alternatives, lambda alt: llama_cpp_greedy(alt, tokens, n_tokens))
     if own < n_tokens:
@@ -347,7 +335,7 @@ def compare_chat(ours: Llama, ref, alternatives: dict[str, object], n_tokens: in
     if theirs_prompt != prompt:
         notes.append(f"chat prompt tokens differ: llama.cpp {theirs_prompt[:8]}... vs pyllm {prompt[:8]}...")
     else:
-        same, why, _, margins = greedy_divergence(ours, ref, prompt, n_tokens)
+        same, why, _, margins, _ = greedy_divergence(ours, ref, prompt, n_tokens)
         row.chat_tie = margins is not None and row.noise is not None and max(margins) < row.noise
         notes.append(f"chat prompt tokens identical ({len(prompt)}); token-level: " + (why or "no difference"))
     return f"no @{at}", own_text, notes
