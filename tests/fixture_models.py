@@ -78,13 +78,9 @@ def random_tensor(rng: Bytes, shape: tuple[int, int], tensor_type: Q, scale: flo
     return blocks.reshape(rows, cols // elements * size)
 
 
-def write_fixture_model(path: Path, arch: str, weight_type: Q, seed: int = 1) -> str:
-    """Writes the model; returns the sha256 of its tensor bytes (what the recorded logits belong to)."""
-    rng = Bytes(seed)
-    fam = FAMILIES[arch]
-    digest = hashlib.sha256()
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(128)
+def write_hparams(w: gguf.GGUFWriter, arch: str, n_ctx: int, window: int) -> None:
+    """The hyperparameters of the tiny models (these shapes), shared with tests/test_model.py's."""
+    w.add_context_length(n_ctx)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER[arch])
     w.add_feed_forward_length(N_FF)
@@ -94,8 +90,17 @@ def write_fixture_model(path: Path, arch: str, weight_type: Q, seed: int = 1) ->
     w.add_value_length(HEAD_DIM)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1e6)
-    if fam.swa_pattern:
-        w.add_sliding_window(WINDOW)
+    if FAMILIES[arch].swa_pattern:
+        w.add_sliding_window(window)
+
+
+def write_fixture_model(path: Path, arch: str, weight_type: Q, seed: int = 1) -> str:
+    """Writes the model; returns the sha256 of its tensor bytes (what the recorded logits belong to)."""
+    rng = Bytes(seed)
+    fam = FAMILIES[arch]
+    digest = hashlib.sha256()
+    w = gguf.GGUFWriter(str(path), arch)
+    write_hparams(w, arch, 128, WINDOW)
     w.add_tokenizer_model("llama")
     w.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, N_VOCAB)])
     w.add_token_scores([0.0] * N_VOCAB)

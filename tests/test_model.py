@@ -12,14 +12,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from fixture_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, N_VOCAB, write_hparams
 from gguf import GGMLQuantizationType as Q
 
 from pyllm.arch import FAMILIES, ArchitectureError
 from pyllm.gguf import GGUFFile
 from pyllm.model import ContextFullError, Model
 
-N_VOCAB, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, HEAD_DIM = 96, 256, 512, 4, 2, 64
-N_LAYER = {"llama": 2, "qwen2": 2, "qwen3": 2, "gemma3": 6}  # gemma3: 5 sliding layers, then a global one
 WINDOW = 4
 
 
@@ -27,18 +26,7 @@ def write_tiny_model(path: Path, arch: str, weight_type: Q, seed: int = 0) -> Pa
     rng = np.random.default_rng(seed)
     fam = FAMILIES[arch]
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(64)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER[arch])
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1e6)
-    if fam.swa_pattern:
-        w.add_sliding_window(WINDOW)
+    write_hparams(w, arch, 64, WINDOW)
 
     def add(name: str, shape: tuple[int, ...], scale: float, quantize: bool = True) -> None:
         data = (rng.standard_normal(shape) * scale).astype(np.float32)
