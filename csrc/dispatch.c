@@ -208,15 +208,16 @@ int pyllm_quantize_activations(int weight_type, const float *x, void *dst, int64
     if (status != PYLLM_OK) return status;
     const int act_type = traits[weight_type].vec_dot_type;
     if (act_type < 0) return PYLLM_ERR_TYPE;
-    if (act_type == PYLLM_TYPE_F32) {
-        memcpy(dst, x, (size_t)n * sizeof(float));
-    } else if (act_type == PYLLM_TYPE_Q8_0) {
-        quantize_row_q8_0_act(x, dst, n);
+    const op_kernels *kernels = pyllm_op_kernels(pyllm_active_tier());
+    if (n % traits[act_type].block_size != 0) return PYLLM_ERR_SHAPE;
+    if (act_type == PYLLM_TYPE_Q8_0) {
+        kernels->quantize_q8_0(x, dst, n);
     } else if (act_type == PYLLM_TYPE_Q8_1) {
-        quantize_row_q8_1_act(x, dst, n);
+        kernels->quantize_q8_1(x, dst, n);
+    } else if (act_type == PYLLM_TYPE_Q8_K) {
+        kernels->quantize_q8_K(x, dst, n);
     } else {
-        if (n % traits[act_type].block_size != 0) return PYLLM_ERR_SHAPE;
-        quantize_table[act_type](x, dst, n);
+        quantize_table[act_type](x, dst, n);  /* the float formats: a copy or a rounding */
     }
     return PYLLM_OK;
 }

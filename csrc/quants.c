@@ -437,7 +437,7 @@ static inline int nearest_int(float v) {
 }
 
 /* The extreme element maps to -127; d = 1 / scale keeps full float precision. */
-static void quantize_row_q8_K_ref(const float *x, void *dst, int64_t n) {
+void quantize_row_q8_K_ref(const float *x, void *dst, int64_t n) {
     block_q8_K *b = dst;
     for (int64_t i = 0; i < n / QK_K; ++i, x += QK_K) {
         const float max = signed_absmax(x, QK_K);

@@ -228,12 +228,14 @@ extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
  * weighted_sum: out[i] = sum over the n values v_t = v + t * stride of p[t] * v_t[i]: 8 lanes by t mod 8,
  *               each a chain of fmaf in t order (a zero p skipped), then reduce_lanes8 across the lanes;
  * swiglu:       y[i] = g[i] / (1 + exp_ggml(0 - g[i])) * u[i] over the whole groups of 8, with libm's expf
- *               in place of exp_ggml on the rest. */
+ *               in place of exp_ggml on the rest;
+ * quantize_*:   quantize_row_q8_0_act, quantize_row_q8_1_act and the q8_K reference quantizer. */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
     void (*weighted_sum)(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d, float *out);
     void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
+    quantize_row_fn quantize_q8_0, quantize_q8_1, quantize_q8_K;  /* activation rows for the weight formats */
 } op_kernels;
 
 extern const op_kernels op_kernels_generic;
@@ -245,6 +247,8 @@ float exp_ggml(float x);
 /* The activation quantizers of the 32-element formats (llama.cpp's x86 rounding). */
 void quantize_row_q8_0_act(const float *x, void *blocks, int64_t n);
 void quantize_row_q8_1_act(const float *x, void *blocks, int64_t n);
+/* q8_K as llama.cpp quantizes it: the first element of largest |x| maps to -127. */
+void quantize_row_q8_K_ref(const float *x, void *blocks, int64_t n);
 
 /* Reference dequantizers and quantizers (quants.c) */
 extern const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT];

@@ -159,13 +159,13 @@ VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_si
         __m128 mins = _mm_setzero_ps();                                                                       \
         for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
             const __m256i q = unpack(x + b);                                                                  \
-            const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)),                               \
-                                            _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));               \
+            const __m256 d = _mm256_set1_ps(half_to_float(x[b].d));                                          \
+            const float *s = group->scale + VEC_DOT_MAX_ROWS * b;                                             \
             rows_min_step(mins, x + b, group->sum + VEC_DOT_MAX_ROWS * b);                                    \
-            acc0 = _mm256_fmadd_ps(broadcast_lane(scale, 0), _mm256_cvtepi32_ps(lanes(q, y0[b].qs)), acc0);   \
-            acc1 = _mm256_fmadd_ps(broadcast_lane(scale, 1), _mm256_cvtepi32_ps(lanes(q, y1[b].qs)), acc1);   \
-            acc2 = _mm256_fmadd_ps(broadcast_lane(scale, 2), _mm256_cvtepi32_ps(lanes(q, y2[b].qs)), acc2);   \
-            acc3 = _mm256_fmadd_ps(broadcast_lane(scale, 3), _mm256_cvtepi32_ps(lanes(q, y3[b].qs)), acc3);   \
+            acc0 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 0)), _mm256_cvtepi32_ps(lanes(q, y0[b].qs)), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 1)), _mm256_cvtepi32_ps(lanes(q, y1[b].qs)), acc1); \
+            acc2 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 2)), _mm256_cvtepi32_ps(lanes(q, y2[b].qs)), acc2); \
+            acc3 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 3)), _mm256_cvtepi32_ps(lanes(q, y3[b].qs)), acc3); \
         }                                                                                                     \
         float totals[VEC_DOT_MAX_ROWS] = {lanes_total(acc0), lanes_total(acc1), lanes_total(acc2), lanes_total(acc3)}; \
         float min_terms[VEC_DOT_MAX_ROWS];                                                                    \
@@ -712,6 +712,86 @@ static void swiglu_avx2(const float *g, const float *u, float *y, int64_t n) {
     for (; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* ---- activation quantizers (the scalar ones' values: max |x| skips NaN, round half to even, clamp) ---- */
+
+static inline float max_abs(const float *x, int64_t n) {
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) {  /* max_ps returns its second operand, amax, when |x| is NaN */
+        amax = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)), amax);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* round(x * scale) clamped to [-127, 127], NaN -> -127 (max_ps returns -127 for a NaN first operand) */
+static inline __m256i quantize8(const float *x, __m256 scale) {
+    const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f)));
+}
+
+/* 4 x 8 int32 in [-127, 127] -> 32 int8 in order */
+static inline void store_i8x32(int8_t *dst, __m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+/* One q8_0 / q8_1 block: the quants, their sum, and the unrounded d. */
+static inline float quantize_block32(const float *x, int8_t *qs, int32_t *sum) {
+    const float amax = max_abs(x, QK32);
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    const __m256i a = quantize8(x, id), b = quantize8(x + 8, id), c = quantize8(x + 16, id), d = quantize8(x + 24, id);
+    store_i8x32(qs, a, b, c, d);
+    *sum = hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d)));
+    return amax / 127.0f;
+}
+
+static void quantize_q8_0_avx2(const float *x, void *dst, int64_t n) {
+    block_q8_0 *y = dst;
+    int32_t sum;
+    for (int64_t b = 0; b < n / QK32; ++b) y[b].d = fp32_to_fp16(quantize_block32(x + b * QK32, y[b].qs, &sum));
+}
+
+static void quantize_q8_1_avx2(const float *x, void *dst, int64_t n) {
+    block_q8_1 *y = dst;
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        int32_t sum;
+        const float d = quantize_block32(x + b * QK32, y[b].qs, &sum);
+        y[b].d = fp32_to_fp16(d);
+        y[b].s = fp32_to_fp16(d * (float)sum);
+    }
+}
+
+/* q8_K: the first element of largest |x| maps to -127 */
+static void quantize_q8_K_avx2(const float *x, void *dst, int64_t n) {
+    block_q8_K *y = dst;
+    for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
+        const __m256 amax = _mm256_set1_ps(max_abs(x, QK_K));
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; j += 8) {
+            const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)), amax, _CMP_EQ_OQ));
+            if (hits != 0) {
+                max = x[j + __builtin_ctz((unsigned)hits)];
+                break;
+            }
+        }
+        if (max == 0.0f) {
+            memset(&y[b], 0, sizeof(y[b]));
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        const __m256 scale = _mm256_set1_ps(iscale);
+        for (int j = 0; j < QK_K; j += 32) {
+            const __m256i q0 = quantize8(x + j, scale), q1 = quantize8(x + j + 8, scale);
+            const __m256i q2 = quantize8(x + j + 16, scale), q3 = quantize8(x + j + 24, scale);
+            store_i8x32(y[b].qs + j, q0, q1, q2, q3);
+            y[b].bsums[j / 16] = (int16_t)hsum_i32x8(_mm256_add_epi32(q0, q1));
+            y[b].bsums[j / 16 + 1] = (int16_t)hsum_i32x8(_mm256_add_epi32(q2, q3));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
 FLOAT_VEC_DOT_AVX2(vec_dot_f32_f32_avx2, load8_f32, LOAD1_F32)
 FLOAT_VEC_DOT_AVX2(vec_dot_f16_f16_avx2, load8_f16, LOAD1_F16)
 FLOAT_VEC_DOT_AVX2(vec_dot_bf16_bf16_avx2, load8_bf16, LOAD1_BF16)
@@ -733,7 +813,8 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_avx2,
 };
 
-const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2};
+const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
+                                     quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2};
 
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2,
@@ -746,7 +827,7 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
-const op_kernels op_kernels_avx2 = {NULL, NULL, NULL, NULL};
+const op_kernels op_kernels_avx2 = {0};
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {0};
 
 #endif

@@ -352,4 +352,5 @@ static void swiglu_generic(const float *g, const float *u, float *y, int64_t n) 
     for (int64_t i = grouped; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic};
+const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
+                                       quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref};

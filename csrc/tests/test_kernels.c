@@ -200,6 +200,42 @@ static void test_attention_tiers_agree(void) {
     pyllm_set_tier(saved);
 }
 
+/* The activation quantizers: every tier writes the generic bytes, on rows with zero blocks, NaN and
+ * infinities, exact halves (ties), a largest |x| met twice with both signs, and values near the float
+ * limits. */
+static void test_activation_quantizers_agree(void) {
+    enum { N = 4 * QK_K };
+    static float x[N];
+    static uint8_t ref[N * 2], got[N * 2];
+    for (int trial = 0; trial < 40; ++trial) {
+        const float range = trial % 4 == 0 ? 1e-38f : trial % 4 == 1 ? 3e38f : rng_float(0.01f, 100.0f);
+        for (int i = 0; i < N; ++i) x[i] = rng_float(-range, range);
+        for (int i = 0; i < 32; ++i) x[i] = 0.0f;                  /* a zero block */
+        for (int i = 32; i < 64; ++i) x[i] = (float)(i - 48) * 0.5f; /* x * 127 / 8 lands on halves */
+        x[70] = 5.0f * range, x[75] = -5.0f * range;               /* one |max| twice, + first */
+        x[300] = -5.0f * range, x[301] = 5.0f * range;             /* and - first */
+        if (trial % 5 == 1) x[rng_u32() % N] = NAN;
+        if (trial % 5 == 2) x[rng_u32() % N] = INFINITY;
+        if (trial % 5 == 3) x[rng_u32() % N] = -INFINITY;
+        for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+            const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC), *fast = pyllm_op_kernels(tier);
+            const quantize_row_fn pairs[3][2] = {{generic->quantize_q8_0, fast->quantize_q8_0},
+                                                 {generic->quantize_q8_1, fast->quantize_q8_1},
+                                                 {generic->quantize_q8_K, fast->quantize_q8_K}};
+            const int sizes[3] = {(int)sizeof(block_q8_0) * N / QK32, (int)sizeof(block_q8_1) * N / QK32,
+                                  (int)sizeof(block_q8_K) * N / QK_K};
+            for (int f = 0; f < 3; ++f) {
+                memset(ref, 0xAB, sizeof(ref));
+                memset(got, 0xAB, sizeof(got));
+                pairs[f][0](x, ref, N);
+                pairs[f][1](x, got, N);
+                CHECK(memcmp(ref, got, (size_t)sizes[f]) == 0, "activation quantizer %d, trial %d: tier %s differs",
+                      f, trial, pyllm_tier_name(tier));
+            }
+        }
+    }
+}
+
 /* The non-matmul kernels: every tier gives the generic bits (lengths with and without an 8-wide tail,
  * masked scores, zero weights, inputs that reach exp_ggml's scaled and overflow branches); exp_ggml is
  * within 2 ulp of exp wherever its result is a normal float. */
@@ -247,6 +283,7 @@ static void test_op_kernels_agree(void) {
             }
         }
     }
+    test_activation_quantizers_agree();
     int within = 1;
     for (int i = 0; i < 200000; ++i) {
         const float x = rng_float(-87.0f, 88.0f);
