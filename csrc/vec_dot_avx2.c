@@ -114,38 +114,45 @@ static inline __m256i lanes_unsigned(__m256i q, const int8_t *a) {
     return widen_sum16(_mm256_maddubs_epi16(q, load32(a)));
 }
 
-/* Q4_1 / Q5_1: mins = fmaf(m, s, mins) */
-#define MIN_STEP(mins, x, y) ((mins) = fmaf(half_to_float((x)->m), half_to_float((y)->s), (mins)))
-#define NO_MIN_STEP(mins, x, y) ((void)(mins))
+/* The first two halves of a block (d, then m or s where the format has one) as floats in lanes 0 and 1;
+ * every block here is at least 8 bytes long. */
+static inline __m128 block_halves(const void *block) { return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)block)); }
 
-static inline float lanes_total(__m256 acc) {
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    return reduce_lanes8(lanes);
+/* Weights stream through the single-row (decode) kernels from memory: ask for them 1 KB ahead
+ * (prefetch_ahead: a block shorter than a cache line; prefetch_superblock: each line of a K-quant's). */
+static inline void prefetch_ahead(const void *p) { _mm_prefetch((const char *)p + 1024, _MM_HINT_T0); }
+static inline void prefetch_superblock(const void *p, size_t bytes) {
+    for (size_t offset = 0; offset < bytes; offset += 64) prefetch_ahead((const char *)p + offset);
 }
 
-#define VEC_DOT_32(name, block_t, act_t, unpack, lanes, min_step, has_min)                                    \
+static inline float lanes_total(__m256 acc) {  /* reduce_lanes8's order */
+    const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+    return _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2)));
+}
+
+/* Lane 0 of each block's step: acc += (d_w * d_a) * sums; lane 1 of mins (Q4_1 / Q5_1): mins = fmaf(m, s, mins). */
+#define VEC_DOT_32(name, block_t, act_t, unpack, lanes, has_min)                                              \
     static float name(int64_t n, const void *w, const void *act) {                                            \
         const block_t *x = w;                                                                                 \
         const act_t *y = act;                                                                                 \
         __m256 acc = _mm256_setzero_ps();                                                                     \
-        float mins = 0.0f;                                                                                    \
+        __m128 mins = _mm_setzero_ps();                                                                       \
         for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
-            const __m256 scale = _mm256_set1_ps(half_to_float(x[b].d) * half_to_float(y[b].d));               \
+            prefetch_ahead(x + b);                                                                            \
+            const __m128 wd = block_halves(x + b), yd = block_halves(y + b);                                 \
+            const __m256 scale = _mm256_broadcastss_ps(_mm_mul_ss(wd, yd));                                   \
             acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes(unpack(x + b), y[b].qs)), acc);             \
-            min_step(mins, x + b, y + b);                                                                     \
+            if (has_min) mins = _mm_fmadd_ps(wd, yd, mins);                                                   \
         }                                                                                                     \
-        return has_min ? lanes_total(acc) + mins : lanes_total(acc);                                          \
+        return has_min ? lanes_total(acc) + _mm_cvtss_f32(_mm_movehdup_ps(mins)) : lanes_total(acc);          \
     }
 
-VEC_DOT_32(vec_dot_q4_0_lanes_q8_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, NO_MIN_STEP, 0)
-VEC_DOT_32(vec_dot_q4_1_q8_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, MIN_STEP, 1)
-VEC_DOT_32(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, NO_MIN_STEP, 0)
-VEC_DOT_32(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, MIN_STEP, 1)
-VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, NO_MIN_STEP, 0)
-
-/* Lane i of v in all 8 lanes of a 256-bit vector. */
-#define broadcast_lane(v, i) _mm256_broadcastss_ps(_mm_permute_ps((v), _MM_SHUFFLE(i, i, i, i)))
+VEC_DOT_32(vec_dot_q4_0_lanes_q8_0_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, 0)
+VEC_DOT_32(vec_dot_q4_1_q8_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, 1)
+VEC_DOT_32(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, 0)
+VEC_DOT_32(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, 1)
+VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, 0)
 
 /* The same kernels over several activation rows: each weight block is unpacked once and met by every
  * row, each row's float steps in the single-row order. The group's scales come as floats, block-major
@@ -159,9 +166,10 @@ VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_si
         __m128 mins = _mm_setzero_ps();                                                                       \
         for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
             const __m256i q = unpack(x + b);                                                                  \
-            const __m256 d = _mm256_set1_ps(half_to_float(x[b].d));                                          \
+            const __m128 halves = block_halves(x + b);                                                        \
+            const __m256 d = _mm256_broadcastss_ps(halves);                                                   \
             const float *s = group->scale + VEC_DOT_MAX_ROWS * b;                                             \
-            rows_min_step(mins, x + b, group->sum + VEC_DOT_MAX_ROWS * b);                                    \
+            rows_min_step(mins, halves, group->sum + VEC_DOT_MAX_ROWS * b);                                    \
             acc0 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 0)), _mm256_cvtepi32_ps(lanes(q, y0[b].qs)), acc0); \
             acc1 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 1)), _mm256_cvtepi32_ps(lanes(q, y1[b].qs)), acc1); \
             acc2 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 2)), _mm256_cvtepi32_ps(lanes(q, y2[b].qs)), acc2); \
@@ -174,8 +182,8 @@ VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_si
     }
 
 /* Q4_1 / Q5_1: the 4 rows' mins = fmaf(m, s, mins) at once */
-#define ROWS_MIN_STEP(mins, x, sums) ((mins) = _mm_fmadd_ps(_mm_set1_ps(half_to_float((x)->m)), _mm_loadu_ps(sums), (mins)))
-#define ROWS_NO_MIN_STEP(mins, x, sums) ((void)(mins))
+#define ROWS_MIN_STEP(mins, halves, sums) ((mins) = _mm_fmadd_ps(_mm_permute_ps((halves), 0x55), _mm_loadu_ps(sums), (mins)))
+#define ROWS_NO_MIN_STEP(mins, halves, sums) ((void)(mins))
 
 VEC_DOT_32_ROWS(vec_dot_rows_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
 VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, ROWS_MIN_STEP, 1)
@@ -189,8 +197,9 @@ static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
     const block_q8_0 *y = act;
     float acc = 0.0f;
     for (int64_t b = 0; b < n / QK32; ++b) {
+        prefetch_ahead(x + b);
         const int32_t sum = hsum_i32x8(lanes_signed(unpack_q4_0(x + b), y[b].qs));
-        acc = fmaf((float)sum, half_to_float(x[b].d) * half_to_float(y[b].d), acc);
+        acc = fmaf((float)sum, _mm_cvtss_f32(_mm_mul_ss(block_halves(x + b), block_halves(y + b))), acc);
     }
     return acc;
 }
@@ -279,6 +288,7 @@ static float vec_dot_q2_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const __m128i m4 = _mm_set1_epi8(0x0F);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        prefetch_superblock(x + b, sizeof(x[b]));
         const __m128i packed = _mm_loadu_si128((const __m128i *)x[b].scales);
         const __m128i sc = _mm_and_si128(packed, m4);
         const __m256i mins = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4)),
@@ -321,6 +331,7 @@ static float vec_dot_q3_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const __m256i m4 = _mm256_set1_epi8(4);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        prefetch_superblock(x + b, sizeof(x[b]));
         const __m128i sc8 = q3_K_scales_vec(x[b].scales);
         /* q = low - 4 * !high = (low | 4 * high) - 4: the unsigned part here,
          * 4 * sum of scale * group sum of a (bsums) taken off at the end */
@@ -390,6 +401,7 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q8_K *y = act;
     float acc = 0.0f, chained_mins = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        prefetch_superblock(x + b, sizeof(x[b]));
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
         int32_t min_terms[8];  /* group g's min * activation sum */
         _mm256_storeu_si256((__m256i *)min_terms, k4_mins_product(scales_mins, &y[b]));
@@ -445,6 +457,7 @@ static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const __m256i bit4 = _mm256_set1_epi8(0x10);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        prefetch_superblock(x + b, sizeof(x[b]));
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
         const __m256i mins = k4_mins_product(scales_mins, &y[b]);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
@@ -504,6 +517,7 @@ static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q8_K *y = act;
     float acc = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        prefetch_superblock(x + b, sizeof(x[b]));
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         /* q - 32: the unsigned q here, 32 * sum of scale * group sum of a (bsums) taken off at the end */
         const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), load32(y[b].bsums));
