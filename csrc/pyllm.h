@@ -136,6 +136,48 @@ int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discar
 
 /* Forget every token at position >= n_tokens. */
 void pyllm_kv_truncate(const pyllm_kv_layer *layer, int32_t n_tokens);
+
+/* ---- transformer blocks (block.c): every step of a layer in one call ---- */
+
+/* A weight matrix in place: n_out rows of n_in elements of `type` (a matmul type). */
+typedef struct {
+    int type;
+    const void *data;
+    int64_t n_out, n_in;
+} pyllm_weight;
+
+/* One layer's weights; a NULL vector is a step the layer does not have (biases, q/k norms, post norms). */
+typedef struct {
+    pyllm_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+    const float *attn_norm, *ffn_norm;          /* (n_embd,) */
+    const float *bq, *bk, *bv;                  /* (n_head * head_dim,), (n_head_kv * head_dim,) x 2 */
+    const float *q_norm, *k_norm;               /* (head_dim,) */
+    const float *post_attn_norm, *post_ffw_norm; /* (n_embd,) */
+    float rope_base, rope_scale;
+    int32_t window;                             /* sliding window in tokens; 0: full attention */
+} pyllm_block;
+
+/* The hyperparameters every layer shares. scale_query: multiply q by attn_scale before attention
+ * (whose scores then take scale 1); activation: 0 SwiGLU, 1 GeGLU. */
+typedef struct {
+    int64_t n_embd, n_head, n_head_kv, head_dim, n_rot, n_ff;
+    float norm_eps, attn_scale;
+    int rope_neox, scale_query, activation;
+} pyllm_block_config;
+
+/* The rows [row0, row0 + n_rows) of a batch that continue one sequence: their positions and the
+ * sequence's cache (one pyllm_kv_layer per layer). */
+typedef struct {
+    int64_t row0, n_rows;
+    const int32_t *positions;
+    pyllm_kv_layer *const *kv;
+} pyllm_segment;
+
+/* x[m, n_embd] <- the n_layer blocks applied in turn (in place), each sequence's keys and values stored
+ * in its cache and attention run per sequence; the same arithmetic, step by step, as pyllm/model.py's
+ * reference. positions[m] are the rows' positions (the segments' concatenated). */
+int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
+                         const int32_t *positions, const pyllm_segment *segments, int n_segments, int n_threads);
 /* cffi-end */
 
 #endif /* PYLLM_H */

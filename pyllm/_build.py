@@ -26,6 +26,7 @@ SOURCES = [
     "matmul.c",
     "ops.c",
     "kvcache.c",
+    "block.c",
 ]
 
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind

@@ -221,7 +221,7 @@ class WeightMatrix:
         self.type = int(weight_type)
         self.n_in = n_in
         self.n_out = raw.shape[0]
-        self._ptr = ffi.from_buffer(raw)
+        self.ptr = ffi.from_buffer(raw)
         self._what = f"matmul {type_name(self.type)}"  # for errors; built once, not per call
 
     def __call__(self, x: np.ndarray, n_threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
@@ -237,7 +237,7 @@ class WeightMatrix:
         if n_threads is not None and n_threads < 1:
             raise KernelError(f"n_threads must be at least 1, not {n_threads}")
         if x.shape[0] and self.n_out:
-            _check(lib.pyllm_matmul(self.type, self._ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
+            _check(lib.pyllm_matmul(self.type, self.ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
                                     x.shape[0], ffi.from_buffer("float[]", out), n_threads or 0), self._what)
         return out
 

@@ -60,6 +60,7 @@ class KVCache:
                 positions=np.full(capacity, -1, np.int32),
                 ring=ring,
             ))
+        self.c_layers = ffi.new("pyllm_kv_layer *[]", [layer.c for layer in self.layers])  # for pyllm_blocks_forward
 
     @property
     def nbytes(self) -> int:

@@ -9,6 +9,10 @@ Weights stay quantized in the mmap; matmuls run in the C core over all rows of
 a batch at once, attention per sequence over its cache. Every op computes each
 row alone, in a fixed order, so a token's logits do not depend on how the
 prompt was split into batches.
+
+All the layers of a batch run in one C call (csrc/block.c); Model._block_reference
+sequences the same C ops from Python, step by step, as the reference that call
+is tested against (Model(..., reference=True)).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
+from ._pyllm_c import ffi, lib
 from .arch import ArchitectureError, Config
 from .gguf import GGUFFile
 from .kvcache import KVCache
@@ -120,13 +125,52 @@ class ContextFullError(ValueError):
     """More tokens than the context holds."""
 
 
+class _CBlocks:
+    """The layers as the C core's pyllm_block structs: all of them run in one call per batch."""
+
+    def __init__(self, cfg: Config, weights: Weights) -> None:
+        fam = cfg.family
+        self.config = ffi.new("pyllm_block_config *", {
+            "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
+            "n_rot": cfg.n_rot, "n_ff": cfg.n_ff, "norm_eps": cfg.norm_eps, "attn_scale": cfg.attn_scale,
+            "rope_neox": int(fam.rope_neox), "scale_query": int(fam.scale_query),
+            "activation": {"silu": 0, "gelu": 1}[fam.activation]})
+        self.blocks = ffi.new("pyllm_block[]", cfg.n_layer)
+        for i, layer in enumerate(weights.layers):
+            block = self.blocks[i]
+            for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+                matrix = getattr(layer, name).matrix
+                setattr(block, name, {"type": matrix.type, "data": matrix.ptr, "n_out": matrix.n_out,
+                                      "n_in": matrix.n_in})
+            for name in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
+                         "post_ffw_norm"):
+                vector = getattr(layer, name)
+                setattr(block, name, ffi.NULL if vector is None else ffi.from_buffer("float[]", vector))
+            block.rope_base, block.rope_scale = cfg.layer_rope(i)
+            block.window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
+
+    def forward(self, x: np.ndarray, positions: np.ndarray, segments: list[_Segment], n_threads: int | None) -> None:
+        """x (m, n_embd) float32, in place, through every layer."""
+        segs = ffi.new("pyllm_segment[]", [
+            {"row0": seg.rows.start, "n_rows": len(seg.tokens),
+             "positions": ffi.from_buffer("int32_t[]", seg.positions), "kv": seg.cache.c_layers}
+            for seg in segments])
+        kernels._check(lib.pyllm_blocks_forward(
+            self.config, self.blocks, len(self.blocks), ffi.from_buffer("float[]", x), x.shape[0],
+            ffi.from_buffer("int32_t[]", positions), segs, len(segments), n_threads or 0), "transformer blocks")
+
+
 class Model:
-    def __init__(self, f: GGUFFile, n_threads: int | None = None) -> None:
+    def __init__(self, f: GGUFFile, n_threads: int | None = None, reference: bool = False) -> None:
+        """reference: run each block step by step from Python (Model._block_reference), the slow
+        path the C blocks (pyllm_blocks_forward) are tested against."""
         self.file = f
         self.config = Config.from_gguf(f)
         self.weights = Weights(f, self.config)
         self.n_threads = n_threads
         self.n_vocab = self.weights.output.shape[1]
+        self.reference = reference
+        self._c_blocks = _CBlocks(self.config, self.weights)
 
     def new_cache(self, n_ctx: int, max_batch: int = 512) -> KVCache:
         """A cache for one sequence of up to n_ctx tokens; forward() runs at most max_batch rows at once."""
@@ -191,8 +235,11 @@ class Model:
 
         x = self.embed(np.concatenate([seg.tokens for seg in segments]))
         positions = np.concatenate([seg.positions for seg in segments])
-        for i, layer in enumerate(self.weights.layers):
-            x = self._block(i, layer, x, positions, segments)
+        if self.reference:
+            for i, layer in enumerate(self.weights.layers):
+                x = self._block_reference(i, layer, x, positions, segments)
+        else:
+            self._c_blocks.forward(x, positions, segments, self.n_threads)
         for seg in segments:
             seg.cache.n_used += len(seg.tokens)
 
@@ -212,8 +259,8 @@ class Model:
                     start += len(rows)
         return results
 
-    def _block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray,
-               segments: list[_Segment]) -> np.ndarray:
+    def _block_reference(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray,
+                         segments: list[_Segment]) -> np.ndarray:
         cfg, fam = self.config, self.config.family
         m = x.shape[0]
         h = kernels.rms_norm(x, layer.attn_norm, cfg.norm_eps)

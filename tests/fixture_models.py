@@ -41,7 +41,8 @@ class Bytes:
     """A deterministic byte stream: splitmix64 of 0, 1, 2, ... from a seed."""
 
     def __init__(self, seed: int) -> None:
-        self.counter = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        with np.errstate(over="ignore"):  # modulo 2^64, as splitmix64 means
+            self.counter = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
 
     def take(self, n: int) -> np.ndarray:
         words = (n + 7) // 8

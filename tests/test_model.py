@@ -12,7 +12,17 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from fixture_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, N_VOCAB, write_hparams
+from fixture_models import (
+    HEAD_DIM,
+    N_EMBD,
+    N_FF,
+    N_HEAD,
+    N_HEAD_KV,
+    N_LAYER,
+    N_VOCAB,
+    write_fixture_model,
+    write_hparams,
+)
 from gguf import GGMLQuantizationType as Q
 
 from pyllm.arch import FAMILIES, ArchitectureError
@@ -287,3 +297,30 @@ def test_a_batch_of_several_sequences_gives_each_its_own_bits(tmp_path: Path, ar
     np.testing.assert_array_equal(out[0].view(np.uint32), alone[0][-1].view(np.uint32))
     np.testing.assert_array_equal(out[1].view(np.uint32), alone[2].view(np.uint32))
     np.testing.assert_array_equal(out[2].view(np.uint32), alone[1][-1].view(np.uint32))
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_1, Q.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_c_blocks_equal_the_step_by_step_reference(tmp_path: Path, arch: str, weight_type: Q) -> None:
+    """pyllm_blocks_forward (every layer in one C call) gives the bits of the reference block that runs
+    each step from Python: prefill in chunks through a ring cache, a batch of two sequences, decode,
+    and the caches they leave."""
+    path = tmp_path / f"{arch}.gguf"
+    write_fixture_model(path, arch, weight_type, seed=3)
+    tokens = TOKENS * 2
+    with GGUFFile(path) as f:
+        runs = []
+        for reference in (False, True):
+            model = Model(f, n_threads=2, reference=reference)
+            a, b = model.new_cache(32, max_batch=3), model.new_cache(32, max_batch=3)
+            logits = [model.forward(tokens[:13], a, logits="all"), model.forward(tokens[:2], b, logits="all")]
+            logits += [x for x in model.forward_batch([([7], a, "last"), (tokens[2:5], b, "all")]) if x is not None]
+            logits += [model.forward([tok], a) for tok in (3, 9)]
+            runs.append((logits, a, b))
+    (got, *got_caches), (want, *want_caches) = runs
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+    for g, w in zip(got_caches, want_caches, strict=True):
+        for gl, wl in zip(g.layers, w.layers, strict=True):
+            np.testing.assert_array_equal(gl.k.view(np.uint16), wl.k.view(np.uint16))
+            np.testing.assert_array_equal(gl.positions, wl.positions)

@@ -1,0 +1,139 @@
+/*
+ * block.c - transformer blocks in one call: the steps of pyllm/model.py's
+ * reference block (Model._block_reference), on the same C ops in the same
+ * order, so the results are the same bits with no Python between steps.
+ *
+ *   h = rms_norm(x); q, k, v = h Wq, h Wk, h Wv (+ biases); q/k norms; rope
+ *   per sequence: store k, v in its cache; attention over its visible slots
+ *   x += post_attn_norm(attn Wo)
+ *   h = rms_norm(x); x += post_ffw_norm(act(h Wgate, h Wup) Wdown)
+ */
+#include <stdlib.h>
+
+#include "pyllm.h"
+
+typedef struct {
+    float *h, *q, *k, *v, *attn, *o, *gate, *up, *act;
+} block_scratch;
+
+static int matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads) {
+    return pyllm_matmul(w->type, w->data, w->n_out, w->n_in, x, m, y, n_threads);
+}
+
+static void add_rows(float *x, const float *bias, int64_t m, int64_t n) {
+    for (int64_t r = 0; r < m; ++r) {
+        for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
+    }
+}
+
+static void scale_all(float *x, int64_t count, float scale) {
+    for (int64_t i = 0; i < count; ++i) x[i] *= scale;
+}
+
+static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, int layer, block_scratch *s, float *x,
+                           int64_t m, const int32_t *positions, const pyllm_segment *segments, int n_segments,
+                           int n_threads) {
+    const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
+    pyllm_rms_norm(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps);
+    int status = matmul(&b->wq, s->h, m, s->q, n_threads);
+    if (status == PYLLM_OK) status = matmul(&b->wk, s->h, m, s->k, n_threads);
+    if (status == PYLLM_OK) status = matmul(&b->wv, s->h, m, s->v, n_threads);
+    if (status != PYLLM_OK) return status;
+    if (b->bq) add_rows(s->q, b->bq, m, q_row);
+    if (b->bk) add_rows(s->k, b->bk, m, kv_row);
+    if (b->bv) add_rows(s->v, b->bv, m, kv_row);
+    if (b->q_norm) pyllm_rms_norm(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps);
+    if (b->k_norm) pyllm_rms_norm(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps);
+    pyllm_rope(s->q, positions, m, cfg->n_head, cfg->head_dim, cfg->n_rot, b->rope_base, b->rope_scale, cfg->rope_neox);
+    pyllm_rope(s->k, positions, m, cfg->n_head_kv, cfg->head_dim, cfg->n_rot, b->rope_base, b->rope_scale,
+               cfg->rope_neox);
+    float score_scale = cfg->attn_scale;
+    if (cfg->scale_query) {
+        scale_all(s->q, m * q_row, score_scale);
+        score_scale = 1.0f;
+    }
+    for (int si = 0; si < n_segments; ++si) {
+        const pyllm_segment *seg = &segments[si];
+        const pyllm_kv_layer *kv = seg->kv[layer];
+        const int64_t r0 = seg->row0, n = seg->n_rows;
+        status = pyllm_kv_store(kv, seg->positions, s->k + r0 * kv_row, s->v + r0 * kv_row, n);
+        if (status != PYLLM_OK) return status;
+        const int64_t n_visible = kv->ring ? kv->capacity : (int64_t)seg->positions[n - 1] + 1;
+        status = pyllm_attention(s->q + r0 * q_row, kv->k, kv->v, seg->positions, kv->positions, n, n_visible,
+                                 cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale, b->window, 0.0f,
+                                 s->attn + r0 * q_row, n_threads);
+        if (status != PYLLM_OK) return status;
+    }
+    status = matmul(&b->wo, s->attn, m, s->o, n_threads);
+    if (status != PYLLM_OK) return status;
+    if (b->post_attn_norm) pyllm_rms_norm(s->o, b->post_attn_norm, s->o, m, cfg->n_embd, cfg->norm_eps);
+    for (int64_t i = 0; i < m * cfg->n_embd; ++i) x[i] += s->o[i];
+    return PYLLM_OK;
+}
+
+static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_scratch *s, float *x, int64_t m,
+                     int n_threads) {
+    pyllm_rms_norm(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps);
+    int status = matmul(&b->w_gate, s->h, m, s->gate, n_threads);
+    if (status == PYLLM_OK) status = matmul(&b->w_up, s->h, m, s->up, n_threads);
+    if (status != PYLLM_OK) return status;
+    if (cfg->activation == 0) {
+        pyllm_swiglu(s->gate, s->up, s->act, m, cfg->n_ff);
+    } else {
+        pyllm_geglu(s->gate, s->up, s->act, m * cfg->n_ff);
+    }
+    status = matmul(&b->w_down, s->act, m, s->o, n_threads);
+    if (status != PYLLM_OK) return status;
+    if (b->post_ffw_norm) pyllm_rms_norm(s->o, b->post_ffw_norm, s->o, m, cfg->n_embd, cfg->norm_eps);
+    for (int64_t i = 0; i < m * cfg->n_embd; ++i) x[i] += s->o[i];
+    return PYLLM_OK;
+}
+
+static int shapes_agree(const pyllm_block_config *cfg, const pyllm_block *b) {
+    const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
+    return b->wq.n_in == cfg->n_embd && b->wq.n_out == q_row && b->wk.n_in == cfg->n_embd && b->wk.n_out == kv_row &&
+           b->wv.n_in == cfg->n_embd && b->wv.n_out == kv_row && b->wo.n_in == q_row && b->wo.n_out == cfg->n_embd &&
+           b->w_gate.n_in == cfg->n_embd && b->w_gate.n_out == cfg->n_ff && b->w_up.n_in == cfg->n_embd &&
+           b->w_up.n_out == cfg->n_ff && b->w_down.n_in == cfg->n_ff && b->w_down.n_out == cfg->n_embd;
+}
+
+int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
+                         const int32_t *positions, const pyllm_segment *segments, int n_segments, int n_threads) {
+    if (m <= 0 || n_layer < 0 || n_segments <= 0 || cfg->n_head <= 0 || cfg->n_head_kv <= 0 ||
+        cfg->n_head % cfg->n_head_kv != 0) {
+        return PYLLM_ERR_SHAPE;
+    }
+    int64_t rows = 0;
+    for (int si = 0; si < n_segments; ++si) {
+        if (segments[si].row0 != rows || segments[si].n_rows <= 0) return PYLLM_ERR_SHAPE;
+        rows += segments[si].n_rows;
+    }
+    if (rows != m) return PYLLM_ERR_SHAPE;
+    for (int i = 0; i < n_layer; ++i) {
+        if (!shapes_agree(cfg, &blocks[i])) return PYLLM_ERR_SHAPE;
+    }
+    const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
+    const int64_t widths[] = {cfg->n_embd, q_row, kv_row, kv_row, q_row, cfg->n_embd, cfg->n_ff, cfg->n_ff, cfg->n_ff};
+    int64_t total = 0;
+    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); ++i) total += m * widths[i];
+    float *buffer = malloc((size_t)total * sizeof(float));
+    if (buffer == NULL) return PYLLM_ERR_NOMEM;
+    block_scratch s;
+    float *p = buffer;
+    s.h = p, p += m * widths[0];
+    s.q = p, p += m * widths[1];
+    s.k = p, p += m * widths[2];
+    s.v = p, p += m * widths[3];
+    s.attn = p, p += m * widths[4];
+    s.o = p, p += m * widths[5];
+    s.gate = p, p += m * widths[6];
+    s.up = p, p += m * widths[7];
+    s.act = p;
+    int status = PYLLM_OK;
+    for (int i = 0; i < n_layer && status == PYLLM_OK; ++i) {
+        status = attention_block(cfg, &blocks[i], i, &s, x, m, positions, segments, n_segments, n_threads);
+        if (status == PYLLM_OK) status = ffn_block(cfg, &blocks[i], &s, x, m, n_threads);
+    }
+    free(buffer);
+    return status;
+}
