@@ -11,10 +11,71 @@
 #include <stdlib.h>
 
 #include "pyllm.h"
+#include "threadpool.h"
 
 typedef struct {
     float *h, *q, *k, *v, *attn, *o, *gate, *up, *act;
 } block_scratch;
+
+/* The row-wise steps, split by rows across the pool's threads (each row's arithmetic is the op's own). */
+typedef enum { STEP_NORM, STEP_ROPE, STEP_SWIGLU, STEP_GEGLU, STEP_ADD } step_kind;
+
+typedef struct {
+    step_kind kind;
+    int64_t rows, width;          /* the rows split across threads, of width floats each */
+    const float *a, *b;           /* NORM: x, weight; SWIGLU / GEGLU: gate, up; ADD: the addend */
+    float *y;                     /* the output (ROPE and ADD: in place) */
+    float eps;                    /* NORM */
+    const pyllm_block_config *cfg; /* ROPE: with the block's base and scale, n_heads = width / head_dim */
+    const pyllm_block *block;
+    const int32_t *positions;
+} row_step;
+
+static void row_step_task(void *arg, int ith, int nth) {
+    const row_step *s = arg;
+    const int64_t begin = s->rows * ith / nth, end = s->rows * (ith + 1) / nth, n = end - begin;
+    const int64_t offset = begin * s->width;
+    switch (s->kind) {
+    case STEP_NORM:
+        pyllm_rms_norm(s->a + offset, s->b, s->y + offset, n, s->width, s->eps);
+        break;
+    case STEP_ROPE:
+        pyllm_rope(s->y + offset, s->positions + begin, n, s->width / s->cfg->head_dim, s->cfg->head_dim,
+                   s->cfg->n_rot, s->block->rope_base, s->block->rope_scale, s->cfg->rope_neox);
+        break;
+    case STEP_SWIGLU:
+        pyllm_swiglu(s->a + offset, s->b + offset, s->y + offset, n, s->width);
+        break;
+    case STEP_GEGLU:
+        pyllm_geglu(s->a + offset, s->b + offset, s->y + offset, n * s->width);
+        break;
+    case STEP_ADD:
+        for (int64_t i = 0; i < n * s->width; ++i) s->y[offset + i] += s->a[offset + i];
+        break;
+    }
+}
+
+/* Small steps (decode) run on the calling thread: handing them out costs more than they do. */
+static void run_rows(row_step step, int n_threads) {
+    const int threads = step.rows * step.width < 16384 ? 1 : (step.rows < n_threads ? (int)step.rows : n_threads);
+    pyllm_pool_run(threads, row_step_task, &step);
+}
+
+static void rms_norm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t width, float eps,
+                          int n_threads) {
+    run_rows((row_step){.kind = STEP_NORM, .rows = rows, .width = width, .a = x, .b = w, .y = y, .eps = eps},
+             n_threads);
+}
+
+static void add_into(float *x, const float *addend, int64_t rows, int64_t width, int n_threads) {
+    run_rows((row_step){.kind = STEP_ADD, .rows = rows, .width = width, .a = addend, .y = x}, n_threads);
+}
+
+static void rope_rows(const pyllm_block_config *cfg, const pyllm_block *b, float *x, const int32_t *positions,
+                      int64_t m, int64_t n_heads, int n_threads) {
+    run_rows((row_step){.kind = STEP_ROPE, .rows = m, .width = n_heads * cfg->head_dim, .y = x, .cfg = cfg,
+                        .block = b, .positions = positions}, n_threads);
+}
 
 static int matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads) {
     return pyllm_matmul(w->type, w->data, w->n_out, w->n_in, x, m, y, n_threads);
@@ -34,7 +95,7 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
                            int64_t m, const int32_t *positions, const pyllm_segment *segments, int n_segments,
                            int n_threads) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
-    pyllm_rms_norm(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps);
+    rms_norm_rows(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     int status = matmul(&b->wq, s->h, m, s->q, n_threads);
     if (status == PYLLM_OK) status = matmul(&b->wk, s->h, m, s->k, n_threads);
     if (status == PYLLM_OK) status = matmul(&b->wv, s->h, m, s->v, n_threads);
@@ -42,11 +103,10 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     if (b->bq) add_rows(s->q, b->bq, m, q_row);
     if (b->bk) add_rows(s->k, b->bk, m, kv_row);
     if (b->bv) add_rows(s->v, b->bv, m, kv_row);
-    if (b->q_norm) pyllm_rms_norm(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps);
-    if (b->k_norm) pyllm_rms_norm(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps);
-    pyllm_rope(s->q, positions, m, cfg->n_head, cfg->head_dim, cfg->n_rot, b->rope_base, b->rope_scale, cfg->rope_neox);
-    pyllm_rope(s->k, positions, m, cfg->n_head_kv, cfg->head_dim, cfg->n_rot, b->rope_base, b->rope_scale,
-               cfg->rope_neox);
+    if (b->q_norm) rms_norm_rows(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps, n_threads);
+    if (b->k_norm) rms_norm_rows(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
+    rope_rows(cfg, b, s->q, positions, m, cfg->n_head, n_threads);
+    rope_rows(cfg, b, s->k, positions, m, cfg->n_head_kv, n_threads);
     float score_scale = cfg->attn_scale;
     if (cfg->scale_query) {
         scale_all(s->q, m * q_row, score_scale);
@@ -66,26 +126,23 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     }
     status = matmul(&b->wo, s->attn, m, s->o, n_threads);
     if (status != PYLLM_OK) return status;
-    if (b->post_attn_norm) pyllm_rms_norm(s->o, b->post_attn_norm, s->o, m, cfg->n_embd, cfg->norm_eps);
-    for (int64_t i = 0; i < m * cfg->n_embd; ++i) x[i] += s->o[i];
+    if (b->post_attn_norm) rms_norm_rows(s->o, b->post_attn_norm, s->o, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    add_into(x, s->o, m, cfg->n_embd, n_threads);
     return PYLLM_OK;
 }
 
 static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_scratch *s, float *x, int64_t m,
                      int n_threads) {
-    pyllm_rms_norm(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps);
+    rms_norm_rows(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     int status = matmul(&b->w_gate, s->h, m, s->gate, n_threads);
     if (status == PYLLM_OK) status = matmul(&b->w_up, s->h, m, s->up, n_threads);
     if (status != PYLLM_OK) return status;
-    if (cfg->activation == 0) {
-        pyllm_swiglu(s->gate, s->up, s->act, m, cfg->n_ff);
-    } else {
-        pyllm_geglu(s->gate, s->up, s->act, m * cfg->n_ff);
-    }
+    run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = m, .width = cfg->n_ff,
+                        .a = s->gate, .b = s->up, .y = s->act}, n_threads);
     status = matmul(&b->w_down, s->act, m, s->o, n_threads);
     if (status != PYLLM_OK) return status;
-    if (b->post_ffw_norm) pyllm_rms_norm(s->o, b->post_ffw_norm, s->o, m, cfg->n_embd, cfg->norm_eps);
-    for (int64_t i = 0; i < m * cfg->n_embd; ++i) x[i] += s->o[i];
+    if (b->post_ffw_norm) rms_norm_rows(s->o, b->post_ffw_norm, s->o, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    add_into(x, s->o, m, cfg->n_embd, n_threads);
     return PYLLM_OK;
 }
 
@@ -109,6 +166,8 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
         rows += segments[si].n_rows;
     }
     if (rows != m) return PYLLM_ERR_SHAPE;
+    if (n_threads <= 0) n_threads = pyllm_physical_cores();
+    if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
     for (int i = 0; i < n_layer; ++i) {
         if (!shapes_agree(cfg, &blocks[i])) return PYLLM_ERR_SHAPE;
     }
