@@ -95,26 +95,25 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     const int quantize_threads = m < 8 ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
     /* X rows in groups for the multi-row kernel (a last lone row goes to the single-row kernel) */
-    float *scales = NULL;
+    uint8_t *scratch = NULL;
     if (status == PYLLM_OK && job.rows_kernel != NULL && m > 1) {
         job.n_groups = (m + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
         if ((m - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
-        const int64_t group_floats = k / QK32 * VEC_DOT_MAX_ROWS;
+        const int64_t group_bytes = act_rows_scratch_bytes(type, k);
         job.groups = malloc((size_t)job.n_groups * sizeof(act_rows));
-        scales = malloc((size_t)(job.n_groups * 2 * group_floats) * sizeof(float));
-        if (job.groups == NULL || scales == NULL) status = PYLLM_ERR_NOMEM;
+        scratch = malloc((size_t)(job.n_groups * group_bytes));
+        if (job.groups == NULL || scratch == NULL) status = PYLLM_ERR_NOMEM;
         for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
             const int64_t r0 = gi * VEC_DOT_MAX_ROWS;
             const int n_rows = m - r0 < VEC_DOT_MAX_ROWS ? (int)(m - r0) : VEC_DOT_MAX_ROWS;
             const void *rows[VEC_DOT_MAX_ROWS];
             for (int i = 0; i < n_rows; ++i) rows[i] = job.act + (r0 + i) * job.act_row_bytes;
-            float *scale = scales + gi * 2 * group_floats;
-            act_rows_prepare(&job.groups[gi], pyllm_vec_dot_type(type), rows, n_rows, k, scale, scale + group_floats);
+            act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, scratch + gi * group_bytes);
         }
     }
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
     free(job.groups);
-    free(scales);
+    free(scratch);
     free(job.act);
     return status;
 }

@@ -468,12 +468,21 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref, [PYLLM_TYPE_Q8_1] = quantize_row_q8_1_act,
 };
 
-void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, int n_rows, int64_t n, float *scale,
-                      float *sum) {
+int64_t act_rows_scratch_bytes(int weight_type, int64_t n) {
+    const int64_t nb = n / QK32 * VEC_DOT_MAX_ROWS;
+    return nb * 2 * (int64_t)sizeof(float) + (weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 * (int64_t)sizeof(int32_t) : 0);
+}
+
+void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
+                      void *scratch) {
+    const int act_type = pyllm_vec_dot_type(weight_type);
     const int64_t nb = act_type == PYLLM_TYPE_Q8_K ? 0 : n / QK32;  /* q8_K keeps float scales of its own */
+    float *scale = scratch, *sum = scale + nb * VEC_DOT_MAX_ROWS;
+    int32_t *offsets = (int32_t *)(sum + nb * VEC_DOT_MAX_ROWS);
     group->n_rows = n_rows;
     group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
+    group->offsets = weight_type == PYLLM_TYPE_Q5_0 ? offsets : NULL;
     for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
         const int real = r < n_rows;
         group->rows[r] = rows[real ? r : 0];
@@ -488,6 +497,12 @@ void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, in
             }
             scale[b * VEC_DOT_MAX_ROWS + r] = d;
             if (group->sum != NULL) sum[b * VEC_DOT_MAX_ROWS + r] = s;
+            if (group->offsets != NULL) {
+                const int8_t *qs = ((const block_q8_0 *)group->rows[r])[b].qs;
+                for (int l = 0; l < 8; ++l) {
+                    offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
+                }
+            }
         }
     }
 }

@@ -191,20 +191,25 @@ typedef void (*quantize_row_fn)(const float *x, void *blocks, int64_t n);
 typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
 /* Up to VEC_DOT_MAX_ROWS activation rows for the multi-row kernels; for q8_0 / q8_1 blocks with their
  * scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...] its s
- * (q8_1 only). Rows from n_rows on repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and
- * their results are dropped. */
+ * (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * the sum of row r's
+ * quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l). Rows from n_rows on
+ * repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and their results are dropped. */
 #define VEC_DOT_MAX_ROWS 4
 typedef struct {
     const void *rows[VEC_DOT_MAX_ROWS];
     const float *scale;
     const float *sum;
+    const int32_t *offsets;
     int n_rows;
 } act_rows;
 
-/* Points group at the n_rows rows (1..VEC_DOT_MAX_ROWS) and fills scale (and, for q8_1 activations, sum):
- * n / 32 * VEC_DOT_MAX_ROWS floats each. */
-void act_rows_prepare(act_rows *group, int act_type, const void *const *rows, int n_rows, int64_t n, float *scale,
-                      float *sum);
+/* Bytes of scratch act_rows_prepare needs for a group of rows of n elements against weight_type. */
+int64_t act_rows_scratch_bytes(int weight_type, int64_t n);
+
+/* Points group at the n_rows rows (1..VEC_DOT_MAX_ROWS) of weight_type's activation format and fills its
+ * scales (and sums, offsets) in scratch (act_rows_scratch_bytes(weight_type, n), float-aligned). */
+void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
+                      void *scratch);
 
 /* out[r] = vec_dot(n, w, group->rows[r]) for r < group->n_rows, bit for bit: one weight row against several
  * activation rows, unpacking the weights once. */

@@ -187,9 +187,33 @@ VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_si
 
 VEC_DOT_32_ROWS(vec_dot_rows_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
 VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, ROWS_MIN_STEP, 1)
-VEC_DOT_32_ROWS(vec_dot_rows_q5_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
 VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, ROWS_MIN_STEP, 1)
 VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
+
+/* Q5_0 over four rows with its quants unsigned (q + 16, so no sign fix-up per row): each lane's exact sum
+ * is the unsigned one less the offset's share, 16 * the activations' 4-element sum (act_rows offsets). */
+static void vec_dot_rows_q5_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    const block_q5_0 *x = w;
+    const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const __m256i high = _mm256_and_si256(bytes_from_bits32(x[b].qh), _mm256_set1_epi8(0x10));
+        const __m256i u = _mm256_or_si256(unpack_nibbles32(x[b].qs), high);
+        const __m256 d = _mm256_broadcastss_ps(block_halves(x + b));
+        const float *s = group->scale + VEC_DOT_MAX_ROWS * b;
+        const int32_t *offset = group->offsets + VEC_DOT_MAX_ROWS * 8 * b;
+#define Q5_0_ROW(acc, y, r)                                                                                   \
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + r)),                                       \
+                          _mm256_cvtepi32_ps(_mm256_sub_epi32(lanes_unsigned(u, y[b].qs), load32(offset + 8 * r))), acc)
+        Q5_0_ROW(acc0, y0, 0);
+        Q5_0_ROW(acc1, y1, 1);
+        Q5_0_ROW(acc2, y2, 2);
+        Q5_0_ROW(acc3, y3, 3);
+#undef Q5_0_ROW
+    }
+    const float totals[VEC_DOT_MAX_ROWS] = {lanes_total(acc0), lanes_total(acc1), lanes_total(acc2), lanes_total(acc3)};
+    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
+}
 
 /* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain. */
 static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {

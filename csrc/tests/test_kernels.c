@@ -153,15 +153,17 @@ static void test_rows_kernels_agree(void) {
                 pyllm_quantize_activations(type, x, act[r], n);
             }
             for (int n_rows = 1; n_rows <= VEC_DOT_MAX_ROWS; ++n_rows) {
-                float out[VEC_DOT_MAX_ROWS], scale[20 * VEC_DOT_MAX_ROWS], sum[20 * VEC_DOT_MAX_ROWS];
+                float out[VEC_DOT_MAX_ROWS];
+                uint8_t *scratch = malloc((size_t)act_rows_scratch_bytes(type, n));
                 act_rows group;
-                act_rows_prepare(&group, pyllm_vec_dot_type(type), (const void *const *)act, n_rows, n, scale, sum);
+                act_rows_prepare(&group, type, (const void *const *)act, n_rows, n, scratch);
                 rows(n, w, &group, out);
                 for (int r = 0; r < n_rows; ++r) {
                     const float want = one(n, w, act[r]);
                     bad += memcmp(&want, &out[r], sizeof(float)) != 0;
                     checked++;
                 }
+                free(scratch);
             }
             for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) free(act[r]);
             free(w);
