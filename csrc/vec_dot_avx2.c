@@ -709,26 +709,59 @@ static void softmax_half_avx2(float *s, int64_t n, float max) {
 }
 
 /* 8 output dims at a time, the 8 slot lanes in registers across all the values. */
+/* Lane l of weighted_sum over c vectors (8 dims each) of the values from dim i: the chain of keys
+ * t = l, l + 8, ... (each key's 16 * c bytes read once; whole cache lines at c = 8, unrolled by hand so the
+ * eight chains stay in registers). */
+static void weighted_lane(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t i, int c, int l,
+                          float *lane) {
+    __m256 acc[8];
+    for (int j = 0; j < c; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t t = l; t < n; t += 8) {
+        if (p[t] == 0.0f) continue;
+        const __m256 weight = _mm256_set1_ps(p[t]);
+        const fp16_t *row = v + t * stride + i;
+        for (int j = 0; j < c; ++j) acc[j] = _mm256_fmadd_ps(weight, halves_to_floats8(row + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < c; ++j) _mm256_storeu_ps(lane + 8 * j, acc[j]);
+}
+
+static void weighted_lane64(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t i, int l, float *lane) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int64_t t = l; t < n; t += 8) {
+        if (p[t] == 0.0f) continue;
+        const __m256 weight = _mm256_set1_ps(p[t]);
+        const fp16_t *row = v + t * stride + i;
+        a0 = _mm256_fmadd_ps(weight, halves_to_floats8(row), a0);
+        a1 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 8), a1);
+        a2 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 16), a2);
+        a3 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 24), a3);
+        a4 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 32), a4);
+        a5 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 40), a5);
+        a6 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 48), a6);
+        a7 = _mm256_fmadd_ps(weight, halves_to_floats8(row + 56), a7);
+    }
+    _mm256_storeu_ps(lane, a0), _mm256_storeu_ps(lane + 8, a1), _mm256_storeu_ps(lane + 16, a2);
+    _mm256_storeu_ps(lane + 24, a3), _mm256_storeu_ps(lane + 32, a4), _mm256_storeu_ps(lane + 40, a5);
+    _mm256_storeu_ps(lane + 48, a6), _mm256_storeu_ps(lane + 56, a7);
+}
+
 static void weighted_sum_avx2(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d, float *out) {
+    float lanes[8][64];
     int64_t i = 0;
-    for (; i + 8 <= d; i += 8) {
-        __m256 lane[8];
-        for (int l = 0; l < 8; ++l) lane[l] = _mm256_setzero_ps();
-        int64_t t = 0;
-#define WEIGHTED_STEP(l)                                                                                   \
-    if (p[t + (l)] != 0.0f)                                                                                \
-        lane[l] = _mm256_fmadd_ps(_mm256_set1_ps(p[t + (l)]), halves_to_floats8(v + (t + (l)) * stride + i), lane[l]);
-        for (; t + 8 <= n; t += 8) {
-            WEIGHTED_STEP(0) WEIGHTED_STEP(1) WEIGHTED_STEP(2) WEIGHTED_STEP(3)
-            WEIGHTED_STEP(4) WEIGHTED_STEP(5) WEIGHTED_STEP(6) WEIGHTED_STEP(7)
+    while (i + 8 <= d) {
+        const int c = d - i >= 64 ? 8 : (int)((d - i) / 8);
+        for (int l = 0; l < 8; ++l) {
+            if (c == 8) weighted_lane64(p, v, stride, n, i, l, lanes[l]);
+            else weighted_lane(p, v, stride, n, i, c, l, lanes[l]);
         }
-#undef WEIGHTED_STEP
-        for (int l = 0; t < n; ++t, ++l) {
-            if (p[t] != 0.0f) lane[l] = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), halves_to_floats8(v + t * stride + i), lane[l]);
+        for (int j = 0; j < 8 * c; j += 8) {  /* reduce_lanes8's tree */
+#define LANE(l) _mm256_loadu_ps(lanes[l] + j)
+            const __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(LANE(0), LANE(4)), _mm256_add_ps(LANE(2), LANE(6))),
+                                               _mm256_add_ps(_mm256_add_ps(LANE(1), LANE(5)), _mm256_add_ps(LANE(3), LANE(7))));
+#undef LANE
+            _mm256_storeu_ps(out + i + j, total);
         }
-        const __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
-                                           _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
-        _mm256_storeu_ps(out + i, total);
+        i += 8 * c;
     }
     for (; i < d; ++i) {
         float lane[8] = {0};
