@@ -159,6 +159,10 @@ vec_dot_rows_fn pyllm_active_vec_dot_rows(int type) {
     return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows_table_avx2[type] : NULL;
 }
 
+vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type) {
+    return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows8_table_avx2[type] : NULL;
+}
+
 const op_kernels *pyllm_op_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && op_kernels_avx2.dots != NULL) return &op_kernels_avx2;
     return &op_kernels_generic;

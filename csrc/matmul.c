@@ -18,6 +18,7 @@
 typedef struct {
     vec_dot_fn kernel;
     vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
+    vec_dot_rows_fn rows8_kernel; /* two groups at once; NULL: none */
     int type;
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
@@ -51,13 +52,18 @@ static void dot_task(void *arg, int ith, int nth) {
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
         int64_t r = 0;
-        for (int64_t gi = 0; gi < job->n_groups; ++gi, r += VEC_DOT_MAX_ROWS) {  /* weight rows unpacked once */
+        for (int64_t gi = 0; gi < job->n_groups;) {  /* weight rows unpacked once per group or pair of groups */
             const act_rows *group = &job->groups[gi];
+            const int pair = job->rows8_kernel != NULL && gi + 1 < job->n_groups;
+            const vec_dot_rows_fn kernel = pair ? job->rows8_kernel : job->rows_kernel;
+            const int n_rows = pair ? VEC_DOT_MAX_ROWS + group[1].n_rows : group->n_rows;
             for (int64_t c = tile; c < tile_end; ++c) {
-                float out[VEC_DOT_MAX_ROWS];
-                job->rows_kernel(job->k, job->w + c * job->w_row_bytes, group, out);
-                for (int i = 0; i < group->n_rows; ++i) job->y[(r + i) * job->n + c] = out[i];
+                float out[2 * VEC_DOT_MAX_ROWS];
+                kernel(job->k, job->w + c * job->w_row_bytes, group, out);
+                for (int i = 0; i < n_rows; ++i) job->y[(r + i) * job->n + c] = out[i];
             }
+            gi += pair ? 2 : 1;
+            r += n_rows;
         }
         for (; r < job->m; ++r) {
             const uint8_t *act = job->act + r * job->act_row_bytes;
@@ -79,6 +85,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     matmul_job job = {
         .kernel = pyllm_active_vec_dot(type),
         .rows_kernel = pyllm_active_vec_dot_rows(type),
+        .rows8_kernel = pyllm_active_vec_dot_rows8(type),
         .type = type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),

@@ -223,6 +223,8 @@ extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 /* Multi-row kernels where a tier has them (NULL elsewhere: matmul then calls vec_dot row by row). */
 extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
+/* The same over two groups (2 * VEC_DOT_MAX_ROWS rows: group[0], group[1]; out[2 * VEC_DOT_MAX_ROWS]). */
+extern const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT];
 
 /* The non-matmul inner loops, one set per tier, bit-identical (llama.cpp's arithmetic; see ops.c):
  * dots:         out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes

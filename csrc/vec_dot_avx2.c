@@ -24,6 +24,7 @@
  * AVX2 and FMA (F16C and BMI2 come with every such CPU).
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "quants.h"
@@ -154,66 +155,100 @@ VEC_DOT_32(vec_dot_q5_0_q8_0_avx2, block_q5_0, block_q8_0, unpack_q5_0, lanes_si
 VEC_DOT_32(vec_dot_q5_1_q8_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, 1)
 VEC_DOT_32(vec_dot_q8_0_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, 0)
 
-/* The same kernels over several activation rows: each weight block is unpacked once and met by every
- * row, each row's float steps in the single-row order. The group's scales come as floats, block-major
- * (act_rows), so a block's 4 scale products (and Q4_1 / Q5_1's 4 min terms) are one vector operation;
- * all VEC_DOT_MAX_ROWS rows are computed (the missing ones on row 0's data, at scale 0), n_rows kept. */
-#define VEC_DOT_32_ROWS(name, block_t, act_t, unpack, lanes, rows_min_step, has_min)                          \
-    static void name(int64_t n, const void *w, const act_rows *group, float *out) {                         \
-        const block_t *x = w;                                                                                 \
-        const act_t *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];   \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                             \
-        __m128 mins = _mm_setzero_ps();                                                                       \
-        for (int64_t b = 0; b < n / QK32; ++b) {                                                              \
-            const __m256i q = unpack(x + b);                                                                  \
-            const __m128 halves = block_halves(x + b);                                                        \
-            const __m256 d = _mm256_broadcastss_ps(halves);                                                   \
-            const float *s = group->scale + VEC_DOT_MAX_ROWS * b;                                             \
-            rows_min_step(mins, halves, group->sum + VEC_DOT_MAX_ROWS * b);                                    \
-            acc0 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 0)), _mm256_cvtepi32_ps(lanes(q, y0[b].qs)), acc0); \
-            acc1 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 1)), _mm256_cvtepi32_ps(lanes(q, y1[b].qs)), acc1); \
-            acc2 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 2)), _mm256_cvtepi32_ps(lanes(q, y2[b].qs)), acc2); \
-            acc3 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + 3)), _mm256_cvtepi32_ps(lanes(q, y3[b].qs)), acc3); \
-        }                                                                                                     \
-        float totals[VEC_DOT_MAX_ROWS] = {lanes_total(acc0), lanes_total(acc1), lanes_total(acc2), lanes_total(acc3)}; \
-        float min_terms[VEC_DOT_MAX_ROWS];                                                                    \
-        _mm_storeu_ps(min_terms, mins);                                                                       \
-        for (int r = 0; r < group->n_rows; ++r) out[r] = has_min ? totals[r] + min_terms[r] : totals[r];      \
-    }
+/*
+ * The same kernels over several activation rows: each weight block is unpacked once and met by every
+ * row, each row's float steps in the single-row order. The rows come in groups of VEC_DOT_MAX_ROWS
+ * (act_rows: their scales as floats, block-major, so a block's min terms are one vector operation);
+ * a kernel takes one group or two (8 rows, the unpacking shared further). All rows of a group are
+ * computed (the missing ones on row 0's data, at scale 0); the caller keeps the real ones.
+ */
+enum { FMT_Q4_0_LANES, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_Q8_0 };
 
-/* Q4_1 / Q5_1: the 4 rows' mins = fmaf(m, s, mins) at once */
-#define ROWS_MIN_STEP(mins, halves, sums) ((mins) = _mm_fmadd_ps(_mm_permute_ps((halves), 0x55), _mm_loadu_ps(sums), (mins)))
-#define ROWS_NO_MIN_STEP(mins, halves, sums) ((void)(mins))
-
-VEC_DOT_32_ROWS(vec_dot_rows_q4_0_lanes_avx2, block_q4_0, block_q8_0, unpack_q4_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
-VEC_DOT_32_ROWS(vec_dot_rows_q4_1_avx2, block_q4_1, block_q8_1, unpack_q4_1, lanes_unsigned, ROWS_MIN_STEP, 1)
-VEC_DOT_32_ROWS(vec_dot_rows_q5_1_avx2, block_q5_1, block_q8_1, unpack_q5_1, lanes_unsigned, ROWS_MIN_STEP, 1)
-VEC_DOT_32_ROWS(vec_dot_rows_q8_0_avx2, block_q8_0, block_q8_0, unpack_q8_0, lanes_signed, ROWS_NO_MIN_STEP, 0)
-
-/* Q5_0 over four rows with its quants unsigned (q + 16, so no sign fix-up per row): each lane's exact sum
- * is the unsigned one less the offset's share, 16 * the activations' 4-element sum (act_rows offsets). */
-static void vec_dot_rows_q5_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    const block_q5_0 *x = w;
-    const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    for (int64_t b = 0; b < n / QK32; ++b) {
-        const __m256i high = _mm256_and_si256(bytes_from_bits32(x[b].qh), _mm256_set1_epi8(0x10));
-        const __m256i u = _mm256_or_si256(unpack_nibbles32(x[b].qs), high);
-        const __m256 d = _mm256_broadcastss_ps(block_halves(x + b));
-        const float *s = group->scale + VEC_DOT_MAX_ROWS * b;
-        const int32_t *offset = group->offsets + VEC_DOT_MAX_ROWS * 8 * b;
-#define Q5_0_ROW(acc, y, r)                                                                                   \
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(s + r)),                                       \
-                          _mm256_cvtepi32_ps(_mm256_sub_epi32(lanes_unsigned(u, y[b].qs), load32(offset + 8 * r))), acc)
-        Q5_0_ROW(acc0, y0, 0);
-        Q5_0_ROW(acc1, y1, 1);
-        Q5_0_ROW(acc2, y2, 2);
-        Q5_0_ROW(acc3, y3, 3);
-#undef Q5_0_ROW
-    }
-    const float totals[VEC_DOT_MAX_ROWS] = {lanes_total(acc0), lanes_total(acc1), lanes_total(acc2), lanes_total(acc3)};
-    for (int r = 0; r < group->n_rows; ++r) out[r] = totals[r];
+static inline size_t fmt_block_bytes(int fmt) {
+    return fmt == FMT_Q4_0_LANES ? sizeof(block_q4_0) : fmt == FMT_Q4_1 ? sizeof(block_q4_1)
+         : fmt == FMT_Q5_0 ? sizeof(block_q5_0) : fmt == FMT_Q5_1 ? sizeof(block_q5_1) : sizeof(block_q8_0);
 }
+static inline int fmt_has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
+
+/* A block's quants for the rows: signed (Q4_0, Q8_0) or unsigned (Q4_1, Q5_1, and Q5_0 as q + 16). */
+static inline __m256i fmt_unpack(const uint8_t *block, int fmt) {
+    switch (fmt) {
+    case FMT_Q4_0_LANES: return unpack_q4_0((const block_q4_0 *)block);
+    case FMT_Q4_1: return unpack_q4_1((const block_q4_1 *)block);
+    case FMT_Q5_0: {
+        const block_q5_0 *x = (const block_q5_0 *)block;
+        return _mm256_or_si256(unpack_nibbles32(x->qs), _mm256_and_si256(bytes_from_bits32(x->qh), _mm256_set1_epi8(0x10)));
+    }
+    case FMT_Q5_1: return unpack_q5_1((const block_q5_1 *)block);
+    default: return unpack_q8_0((const block_q8_0 *)block);
+    }
+}
+
+/* A row's 8 exact lane sums; for Q5_0 the unsigned sums less the offset's share (act_rows offsets). */
+static inline __m256i fmt_row_lanes(__m256i q, const int8_t *a, const int32_t *offset, int fmt) {
+    switch (fmt) {
+    case FMT_Q4_1: case FMT_Q5_1: return lanes_unsigned(q, a);
+    case FMT_Q5_0: return _mm256_sub_epi32(lanes_unsigned(q, a), load32(offset));
+    default: return lanes_signed(q, a);
+    }
+}
+
+static inline __attribute__((always_inline)) void rows32(int64_t n, const void *w, const act_rows *groups,
+                                                         float *out, const int n_groups, const int fmt) {
+    const uint8_t *x = w;
+    const size_t act_block = fmt_has_min(fmt) ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t act_qs = fmt_has_min(fmt) ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+    const uint8_t *y[2 * VEC_DOT_MAX_ROWS];
+    __m256 acc[2 * VEC_DOT_MAX_ROWS];
+    __m128 mins[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+#pragma GCC unroll 8
+    for (int r = 0; r < VEC_DOT_MAX_ROWS * n_groups; ++r) {
+        y[r] = groups[r / VEC_DOT_MAX_ROWS].rows[r % VEC_DOT_MAX_ROWS];
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const uint8_t *block = x + b * fmt_block_bytes(fmt);
+        const __m256i q = fmt_unpack(block, fmt);
+        const __m128 halves = block_halves(block);
+        const __m256 d = _mm256_broadcastss_ps(halves);
+#pragma GCC unroll 8
+        for (int r = 0; r < VEC_DOT_MAX_ROWS * n_groups; ++r) {
+            const act_rows *group = &groups[r / VEC_DOT_MAX_ROWS];
+            const int i = r % VEC_DOT_MAX_ROWS;
+            const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(group->scale + VEC_DOT_MAX_ROWS * b + i));
+            const int32_t *offset = fmt == FMT_Q5_0 ? group->offsets + (VEC_DOT_MAX_ROWS * b + i) * 8 : NULL;
+            const __m256i sums = fmt_row_lanes(q, (const int8_t *)(y[r] + b * act_block + act_qs), offset, fmt);
+            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc[r]);
+        }
+        if (fmt_has_min(fmt)) {  /* the rows' mins = fmaf(m, s, mins), a group at once */
+            for (int gi = 0; gi < n_groups; ++gi) {
+                mins[gi] = _mm_fmadd_ps(_mm_permute_ps(halves, 0x55), _mm_loadu_ps(groups[gi].sum + VEC_DOT_MAX_ROWS * b),
+                                        mins[gi]);
+            }
+        }
+    }
+    float min_terms[2 * VEC_DOT_MAX_ROWS];
+    _mm_storeu_ps(min_terms, mins[0]);
+    _mm_storeu_ps(min_terms + VEC_DOT_MAX_ROWS, mins[1]);
+#pragma GCC unroll 8
+    for (int r = 0; r < VEC_DOT_MAX_ROWS * n_groups; ++r) {
+        out[r] = fmt_has_min(fmt) ? lanes_total(acc[r]) + min_terms[r] : lanes_total(acc[r]);
+    }
+}
+
+#define ROWS32_KERNELS(suffix, fmt)                                                                           \
+    static void vec_dot_rows_##suffix##_avx2(int64_t n, const void *w, const act_rows *group, float *out) {  \
+        rows32(n, w, group, out, 1, fmt);                                                                     \
+    }                                                                                                         \
+    static void vec_dot_rows8_##suffix##_avx2(int64_t n, const void *w, const act_rows *group, float *out) { \
+        rows32(n, w, group, out, 2, fmt);                                                                     \
+    }
+
+ROWS32_KERNELS(q4_0_lanes, FMT_Q4_0_LANES)
+ROWS32_KERNELS(q4_1, FMT_Q4_1)
+ROWS32_KERNELS(q5_0, FMT_Q5_0)
+ROWS32_KERNELS(q5_1, FMT_Q5_1)
+ROWS32_KERNELS(q8_0, FMT_Q8_0)
 
 /* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain. */
 static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
@@ -895,10 +930,17 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q6_K] = vec_dot_rows_q6_K_avx2,
 };
 
+const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows8_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows8_q4_1_avx2,
+    [PYLLM_TYPE_Q5_0] = vec_dot_rows8_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows8_q5_1_avx2,
+    [PYLLM_TYPE_Q8_0] = vec_dot_rows8_q8_0_avx2,
+};
+
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
 const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
 const op_kernels op_kernels_avx2 = {0};
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {0};
+const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {0};
 
 #endif

@@ -130,44 +130,53 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
 }
 
-/* Multi-row kernels: each output is the single-row kernel's, bit for bit, for every block count
- * (groups of 8 and tails) and every number of rows. */
+/* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel): each output is the
+ * single-row kernel's, bit for bit, for every block count (groups of 8 and tails) and every number of
+ * rows in the (last) group. */
 static void test_rows_kernels_agree(void) {
     if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
+    enum { MAX_ROWS = 2 * VEC_DOT_MAX_ROWS };
     int checked = 0, bad = 0;
     for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
         const int type = weight_types[ti];
-        const vec_dot_rows_fn rows = vec_dot_rows_table_avx2[type];
-        if (rows == NULL) continue;
         const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
         const int64_t bs = pyllm_type_block_size(type);
-        for (int blocks = 1; blocks <= 20; ++blocks) {
-            const int64_t n = bs * blocks;
-            uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
-            uint8_t *act[VEC_DOT_MAX_ROWS];
-            float *x = malloc((size_t)n * sizeof(float));
-            random_weights(type, w, n, FILL_RANDOM);
-            for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
-                act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
-                for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
-                pyllm_quantize_activations(type, x, act[r], n);
-            }
-            for (int n_rows = 1; n_rows <= VEC_DOT_MAX_ROWS; ++n_rows) {
-                float out[VEC_DOT_MAX_ROWS];
-                uint8_t *scratch = malloc((size_t)act_rows_scratch_bytes(type, n));
-                act_rows group;
-                act_rows_prepare(&group, type, (const void *const *)act, n_rows, n, scratch);
-                rows(n, w, &group, out);
-                for (int r = 0; r < n_rows; ++r) {
-                    const float want = one(n, w, act[r]);
-                    bad += memcmp(&want, &out[r], sizeof(float)) != 0;
-                    checked++;
+        for (int n_groups = 1; n_groups <= 2; ++n_groups) {
+            const vec_dot_rows_fn rows = n_groups == 1 ? vec_dot_rows_table_avx2[type] : vec_dot_rows8_table_avx2[type];
+            if (rows == NULL) continue;
+            for (int blocks = 1; blocks <= 20; ++blocks) {
+                const int64_t n = bs * blocks;
+                uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
+                uint8_t *act[MAX_ROWS];
+                float *x = malloc((size_t)n * sizeof(float));
+                random_weights(type, w, n, FILL_RANDOM);
+                for (int r = 0; r < MAX_ROWS; ++r) {
+                    act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
+                    for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+                    pyllm_quantize_activations(type, x, act[r], n);
+                }
+                const int64_t group_bytes = act_rows_scratch_bytes(type, n);
+                uint8_t *scratch = malloc((size_t)(2 * group_bytes));
+                for (int last_rows = 1; last_rows <= VEC_DOT_MAX_ROWS; ++last_rows) {
+                    float out[MAX_ROWS];
+                    act_rows groups[2];
+                    for (int g = 0; g < n_groups; ++g) {
+                        const int n_rows = g == n_groups - 1 ? last_rows : VEC_DOT_MAX_ROWS;
+                        act_rows_prepare(&groups[g], type, (const void *const *)(act + g * VEC_DOT_MAX_ROWS), n_rows, n,
+                                         scratch + g * group_bytes);
+                    }
+                    rows(n, w, groups, out);
+                    for (int r = 0; r < (n_groups - 1) * VEC_DOT_MAX_ROWS + last_rows; ++r) {
+                        const float want = one(n, w, act[r]);
+                        bad += memcmp(&want, &out[r], sizeof(float)) != 0;
+                        checked++;
+                    }
                 }
                 free(scratch);
+                for (int r = 0; r < MAX_ROWS; ++r) free(act[r]);
+                free(w);
+                free(x);
             }
-            for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) free(act[r]);
-            free(w);
-            free(x);
         }
     }
     CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
