@@ -62,8 +62,9 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef * x, x, 1.0f)));
 }
 
-/* gelu_tanh of every half-precision value, rounded to half precision (llama.cpp's table, made alike) */
-static fp16_t gelu_half[1 << 16];
+/* gelu_tanh of every half-precision value, rounded to half precision (llama.cpp's table, made alike);
+ * one entry more, so a 4-byte load at any entry stays inside (the AVX2 kernel gathers that way) */
+static fp16_t gelu_half[(1 << 16) + 1];
 static pthread_once_t gelu_half_once = PTHREAD_ONCE_INIT;
 
 static void fill_gelu_half(void) {
@@ -75,12 +76,7 @@ static void fill_gelu_half(void) {
  * lookup); gates beyond +-10 give 0 and gate * up. */
 void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
     pthread_once(&gelu_half_once, fill_gelu_half);
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        if (g <= -10.0f) y[i] = 0.0f;
-        else if (g >= 10.0f) y[i] = g * up[i];
-        else y[i] = fp16_to_fp32(gelu_half[fp32_to_fp16(g)]) * up[i];
-    }
+    pyllm_op_kernels(pyllm_active_tier())->geglu(gelu_half, gate, up, y, n);
 }
 
 typedef struct {

@@ -236,13 +236,16 @@ extern const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT];
  *               each a chain of fmaf in t order (a zero p skipped), then reduce_lanes8 across the lanes;
  * swiglu:       y[i] = g[i] / (1 + exp_ggml(0 - g[i])) * u[i] over the whole groups of 8, with libm's expf
  *               in place of exp_ggml on the rest;
- * quantize_*:   quantize_row_q8_0_act, quantize_row_q8_1_act and the q8_K reference quantizer. */
+ * quantize_*:   quantize_row_q8_0_act, quantize_row_q8_1_act and the q8_K reference quantizer;
+ * geglu:        y[i] = 0 where g[i] <= -10, g[i] * u[i] where g[i] >= 10, otherwise
+ *               (float)gelu_table[half(g[i])] * u[i] (the table: gelu at every half, rounded to half). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
     void (*weighted_sum)(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d, float *out);
     void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
     quantize_row_fn quantize_q8_0, quantize_q8_1, quantize_q8_K;  /* activation rows for the weight formats */
+    void (*geglu)(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n);
 } op_kernels;
 
 extern const op_kernels op_kernels_generic;

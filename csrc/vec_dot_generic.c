@@ -352,5 +352,14 @@ static void swiglu_generic(const float *g, const float *u, float *y, int64_t n) 
     for (int64_t i = grouped; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void geglu_generic(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (g[i] <= -10.0f) y[i] = 0.0f;
+        else if (g[i] >= 10.0f) y[i] = g[i] * u[i];
+        else y[i] = fp16_to_fp32(gelu_table[fp32_to_fp16(g[i])]) * u[i];
+    }
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
-                                       quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref};
+                                       quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
+                                       geglu_generic};

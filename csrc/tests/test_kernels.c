@@ -247,6 +247,26 @@ static void test_activation_quantizers_agree(void) {
     }
 }
 
+/* GeGLU: every tier gives the generic bits, with any table (random halves here), at the +-10 edges, on
+ * gates that round to them in half precision, on tiny and subnormal gates, and on a tail shorter than 8. */
+static void test_geglu_agrees(void) {
+    enum { N = 203 };
+    static fp16_t table[(1 << 16) + 1];
+    static float g[N], u[N], y_ref[N], y_got[N];
+    for (int i = 0; i <= 1 << 16; ++i) table[i] = fp32_to_fp16(rng_float(-4, 4));
+    const float specials[] = {10.0f, -10.0f, 9.999f, -9.999f, 10.001f, -10.001f, 0.0f, -0.0f, 1e-6f, -3e-8f, 6e-5f, 1e30f};
+    for (int i = 0; i < N; ++i) {
+        g[i] = i < 12 ? specials[i] : rng_float(-12, 12) * (i % 7 == 0 ? 1e-4f : 1.0f);
+        u[i] = rng_float(-3, 3);
+    }
+    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    generic->geglu(table, g, u, y_ref, N);
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        pyllm_op_kernels(tier)->geglu(table, g, u, y_got, N);
+        CHECK(memcmp(y_ref, y_got, sizeof(y_ref)) == 0, "geglu: tier %s differs from generic", pyllm_tier_name(tier));
+    }
+}
+
 /* The non-matmul kernels: every tier gives the generic bits (lengths with and without an 8-wide tail,
  * masked scores, zero weights, inputs that reach exp_ggml's scaled and overflow branches); exp_ggml is
  * within 2 ulp of exp wherever its result is a normal float. */
@@ -295,6 +315,7 @@ static void test_op_kernels_agree(void) {
         }
     }
     test_activation_quantizers_agree();
+    test_geglu_agrees();
     int within = 1;
     for (int i = 0; i < 200000; ++i) {
         const float x = rng_float(-87.0f, 88.0f);
