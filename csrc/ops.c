@@ -11,17 +11,37 @@
 #include "quants.h"
 #include "threadpool.h"
 
-/* y[m, n] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL); in place allowed */
+/* as llama.cpp: float squares summed in double in index order, a float mean, 1 / sqrtf */
+static float rms_scale(double sum, int64_t n, float eps) {
+    const float mean = (float)(sum / (double)n);
+    return 1.0f / sqrtf(mean + eps);
+}
+
+static void scale_row(const float *x, const float *w, float *y, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
+/* y[m, n] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL); in place allowed. Four rows at a time, so
+ * their sums (each one chain, in order) overlap instead of waiting on each addition. */
 void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps) {
-    for (int64_t r = 0; r < m; ++r) {
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+        const float *x0 = x + r * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            s0 += (double)(x0[i] * x0[i]);
+            s1 += (double)(x1[i] * x1[i]);
+            s2 += (double)(x2[i] * x2[i]);
+            s3 += (double)(x3[i] * x3[i]);
+        }
+        const double sums[4] = {s0, s1, s2, s3};
+        for (int k = 0; k < 4; ++k) scale_row(x + (r + k) * n, w, y + (r + k) * n, n, rms_scale(sums[k], n, eps));
+    }
+    for (; r < m; ++r) {
         const float *xr = x + r * n;
-        float *yr = y + r * n;
-        /* as llama.cpp: float squares summed in double, a float mean, 1 / sqrtf */
         double sum = 0.0;
         for (int64_t i = 0; i < n; ++i) sum += (double)(xr[i] * xr[i]);
-        const float mean = (float)(sum / (double)n);
-        const float scale = 1.0f / sqrtf(mean + eps);
-        for (int64_t i = 0; i < n; ++i) yr[i] = w ? (xr[i] * scale) * w[i] : xr[i] * scale;
+        scale_row(xr, w, y + r * n, n, rms_scale(sum, n, eps));
     }
 }
 
