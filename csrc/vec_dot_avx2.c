@@ -208,6 +208,7 @@ static inline __attribute__((always_inline)) void rows32(int64_t n, const void *
     }
     for (int64_t b = 0; b < n / QK32; ++b) {
         const uint8_t *block = x + b * fmt_block_bytes(fmt);
+        if (n_groups == 1) prefetch_ahead(block);  /* a few rows (decode of a batch): weights from memory */
         const __m256i q = fmt_unpack(block, fmt);
         const __m128 halves = block_halves(block);
         const __m256 d = _mm256_broadcastss_ps(halves);
