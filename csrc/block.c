@@ -15,6 +15,7 @@
 
 typedef struct {
     float *h, *q, *k, *v, *attn, *o, *gate, *up, *act;
+    pyllm_attention_call *calls;  /* one per segment */
 } block_scratch;
 
 /* The row-wise steps, split by rows across the pool's threads (each row's arithmetic is the op's own). */
@@ -112,18 +113,19 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
         scale_all(s->q, m * q_row, score_scale);
         score_scale = 1.0f;
     }
-    for (int si = 0; si < n_segments; ++si) {
+    for (int si = 0; si < n_segments; ++si) {  /* each sequence's keys and values into its cache, then */
         const pyllm_segment *seg = &segments[si];
         const pyllm_kv_layer *kv = seg->kv[layer];
         const int64_t r0 = seg->row0, n = seg->n_rows;
         status = pyllm_kv_store(kv, seg->positions, s->k + r0 * kv_row, s->v + r0 * kv_row, n);
         if (status != PYLLM_OK) return status;
         const int64_t n_visible = kv->ring ? kv->capacity : (int64_t)seg->positions[n - 1] + 1;
-        status = pyllm_attention(s->q + r0 * q_row, kv->k, kv->v, seg->positions, kv->positions, n, n_visible,
-                                 cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale, b->window, 0.0f,
-                                 s->attn + r0 * q_row, n_threads);
-        if (status != PYLLM_OK) return status;
+        s->calls[si] = (pyllm_attention_call){s->q + r0 * q_row, kv->k, kv->v, seg->positions, kv->positions, n,
+                                              n_visible, s->attn + r0 * q_row};
     }
+    status = pyllm_attention_batch(s->calls, n_segments, cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale,
+                                   b->window, 0.0f, n_threads);  /* all sequences' attention in one task */
+    if (status != PYLLM_OK) return status;
     status = matmul(&b->wo, s->attn, m, s->o, n_threads);
     if (status != PYLLM_OK) return status;
     if (b->post_attn_norm) rms_norm_rows(s->o, b->post_attn_norm, s->o, m, cfg->n_embd, cfg->norm_eps, n_threads);
@@ -188,11 +190,13 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     s.gate = p, p += m * widths[6];
     s.up = p, p += m * widths[7];
     s.act = p;
-    int status = PYLLM_OK;
+    s.calls = malloc((size_t)n_segments * sizeof(pyllm_attention_call));
+    int status = s.calls == NULL ? PYLLM_ERR_NOMEM : PYLLM_OK;
     for (int i = 0; i < n_layer && status == PYLLM_OK; ++i) {
         status = attention_block(cfg, &blocks[i], i, &s, x, m, positions, segments, n_segments, n_threads);
         if (status == PYLLM_OK) status = ffn_block(cfg, &blocks[i], &s, x, m, n_threads);
     }
+    free(s.calls);
     free(buffer);
     return status;
 }

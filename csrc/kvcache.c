@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "pyllm.h"
+#include "dispatch.h"
 #include "quants.h"
 
 static int64_t slot_of(const pyllm_kv_layer *layer, int32_t pos) {
@@ -22,10 +23,11 @@ int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float 
     for (int64_t r = 0; r < m; ++r) {
         if (pos[r] < 0 || (!layer->ring && pos[r] >= layer->capacity)) return PYLLM_ERR_SHAPE;
     }
+    const op_kernels *kernels = pyllm_op_kernels(pyllm_active_tier());
     for (int64_t r = 0; r < m; ++r) {
         const int64_t slot = slot_of(layer, pos[r]);
-        for (int64_t i = 0; i < layer->k_row; ++i) layer->k[slot * layer->k_row + i] = fp32_to_fp16(k[r * layer->k_row + i]);
-        for (int64_t i = 0; i < layer->v_row; ++i) layer->v[slot * layer->v_row + i] = fp32_to_fp16(v[r * layer->v_row + i]);
+        kernels->to_half(k + r * layer->k_row, layer->k + slot * layer->k_row, layer->k_row);
+        kernels->to_half(v + r * layer->v_row, layer->v + slot * layer->v_row, layer->v_row);
         layer->positions[slot] = pos[r];
     }
     return PYLLM_OK;

@@ -108,7 +108,6 @@ typedef struct {
     float scale, softcap;
     int32_t window;            /* 0: no sliding window */
     float *out;                /* (m, n_head, d) */
-    float *scratch;            /* per thread: n_kv scores, then d query halves */
     const op_kernels *kernels;
 } attention_job;
 
@@ -164,28 +163,61 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     job->kernels->weighted_sum(scores + begin, job->v + begin * stride + hk * d, stride, span, d, out);
 }
 
+/* Several attention calls (a batch's sequences) in one task: their (row, head) items numbered in order,
+ * item i to thread i mod nth. */
+typedef struct {
+    const attention_job *jobs;
+    int n_jobs;
+    float *scratch;            /* per thread: scratch_floats */
+    int64_t scratch_floats;
+} attention_batch;
+
 static void attention_task(void *arg, int ith, int nth) {
-    const attention_job *job = arg;
-    float *scratch = job->scratch + ith * (job->n_kv + job->d);
-    const int64_t total = job->m * job->n_head;
-    for (int64_t idx = ith; idx < total; idx += nth) attend_one(job, idx / job->n_head, idx % job->n_head, scratch);
+    const attention_batch *batch = arg;
+    float *scratch = batch->scratch + ith * batch->scratch_floats;
+    int64_t base = 0;  /* the first item of job j */
+    for (int j = 0; j < batch->n_jobs; ++j) {
+        const attention_job *job = &batch->jobs[j];
+        const int64_t items = job->m * job->n_head;
+        for (int64_t idx = (ith - base % nth + nth) % nth; idx < items; idx += nth) {
+            attend_one(job, idx / job->n_head, idx % job->n_head, scratch);
+        }
+        base += items;
+    }
+}
+
+int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_t n_head, int64_t n_head_kv,
+                          int64_t d, float scale, int32_t window, float softcap, int n_threads) {
+    pyllm_cpu_best_tier();  /* the fp16 table is filled on first use of the core */
+    if (n_calls <= 0 || d <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return PYLLM_ERR_SHAPE;
+    if (n_threads <= 0) n_threads = pyllm_physical_cores();
+    if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
+    attention_job *jobs = malloc((size_t)n_calls * sizeof(attention_job));
+    if (jobs == NULL) return PYLLM_ERR_NOMEM;
+    int64_t work = 0, max_kv = 0;
+    for (int j = 0; j < n_calls; ++j) {
+        const pyllm_attention_call *c = &calls[j];
+        if (c->m <= 0 || c->n_kv <= 0) {
+            free(jobs);
+            return PYLLM_ERR_SHAPE;
+        }
+        jobs[j] = (attention_job){c->q, c->k, c->v, c->qpos, c->kpos, c->m, c->n_kv, n_head, n_head_kv, d, scale,
+                                  softcap, window, c->out, pyllm_op_kernels(pyllm_active_tier())};
+        work += c->m * n_head * c->n_kv * d;
+        max_kv = c->n_kv > max_kv ? c->n_kv : max_kv;
+    }
+    /* a small step is quicker on fewer threads than handed out (results do not depend on it) */
+    if (work < (int64_t)n_threads << 15) n_threads = (int)(work >> 15) + 1;
+    attention_batch batch = {jobs, n_calls, malloc((size_t)(n_threads * (max_kv + d)) * sizeof(float)), max_kv + d};
+    int status = batch.scratch == NULL ? PYLLM_ERR_NOMEM : pyllm_pool_run(n_threads, attention_task, &batch);
+    free(batch.scratch);
+    free(jobs);
+    return status;
 }
 
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads) {
-    pyllm_cpu_best_tier();  /* the fp16 table is filled on first use of the core */
-    if (m <= 0 || n_kv <= 0 || d <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return PYLLM_ERR_SHAPE;
-    if (n_threads <= 0) n_threads = pyllm_physical_cores();
-    if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
-    /* a decode step's attention is quicker alone than handed out (results do not depend on it) */
-    const int64_t work = m * n_head * n_kv * d;
-    if (work < (int64_t)n_threads << 18) n_threads = (int)(work >> 18) + 1;
-    float *scratch = malloc((size_t)(n_threads * (n_kv + d)) * sizeof(float));
-    if (scratch == NULL) return PYLLM_ERR_NOMEM;
-    attention_job job = {q, k, v, qpos, kpos, m, n_kv, n_head, n_head_kv, d, scale, softcap, window, out, scratch,
-                         pyllm_op_kernels(pyllm_active_tier())};
-    const int status = pyllm_pool_run(n_threads, attention_task, &job);
-    free(scratch);
-    return status;
+    const pyllm_attention_call call = {q, k, v, qpos, kpos, m, n_kv, out};
+    return pyllm_attention_batch(&call, 1, n_head, n_head_kv, d, scale, window, softcap, n_threads);
 }

@@ -115,6 +115,20 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads);
+/* One sequence's part of a batched attention: its m queries and its cache (as pyllm_attention takes them). */
+typedef struct {
+    const float *q;
+    const uint16_t *k, *v;
+    const int32_t *qpos, *kpos;
+    int64_t m, n_kv;
+    float *out;
+} pyllm_attention_call;
+
+/* pyllm_attention for several sequences at once (one task over all their rows and heads); each call's
+ * output is the bits pyllm_attention gives it alone. */
+int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_t n_head, int64_t n_head_kv,
+                          int64_t d, float scale, int32_t window, float softcap, int n_threads);
+
 /* One layer of a sequence's KV cache (kvcache.c): slot s holds the key and value of the token at
  * positions[s] (-1: empty) in IEEE half bits. A ring (sliding-window layer) keeps position p in
  * slot p % capacity, a full layer in slot p. The arrays belong to the caller. */

@@ -238,7 +238,8 @@ extern const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT];
  *               in place of exp_ggml on the rest;
  * quantize_*:   quantize_row_q8_0_act, quantize_row_q8_1_act and the q8_K reference quantizer;
  * geglu:        y[i] = 0 where g[i] <= -10, g[i] * u[i] where g[i] >= 10, otherwise
- *               (float)gelu_table[half(g[i])] * u[i] (the table: gelu at every half, rounded to half). */
+ *               (float)gelu_table[half(g[i])] * u[i] (the table: gelu at every half, rounded to half);
+ * to_half:      y[i] = fp32_to_fp16(x[i]). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
@@ -246,6 +247,7 @@ typedef struct {
     void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
     quantize_row_fn quantize_q8_0, quantize_q8_1, quantize_q8_K;  /* activation rows for the weight formats */
     void (*geglu)(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n);
+    void (*to_half)(const float *x, fp16_t *y, int64_t n);
 } op_kernels;
 
 extern const op_kernels op_kernels_generic;

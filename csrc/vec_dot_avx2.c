@@ -922,6 +922,14 @@ static void geglu_avx2(const fp16_t *gelu_table, const float *g, const float *u,
     }
 }
 
+static void to_half_avx2(const float *x, fp16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
 FLOAT_VEC_DOT_AVX2(vec_dot_f32_f32_avx2, load8_f32, LOAD1_F32)
 FLOAT_VEC_DOT_AVX2(vec_dot_f16_f16_avx2, load8_f16, LOAD1_F16)
 FLOAT_VEC_DOT_AVX2(vec_dot_bf16_bf16_avx2, load8_bf16, LOAD1_BF16)
@@ -944,7 +952,8 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {
 };
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
-                                     quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2};
+                                     quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
+                                     to_half_avx2};
 
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2,

@@ -360,6 +360,10 @@ static void geglu_generic(const fp16_t *gelu_table, const float *g, const float 
     }
 }
 
+static void to_half_generic(const float *x, fp16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
-                                       geglu_generic};
+                                       geglu_generic, to_half_generic};

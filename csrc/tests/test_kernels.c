@@ -267,6 +267,27 @@ static void test_geglu_agrees(void) {
     }
 }
 
+/* to_half: every tier writes the generic halves: overflow to infinity, the largest half and its midpoint,
+ * subnormal results and their ties, NaNs (quiet and signalling, with payloads), and random floats. */
+static void test_to_half_agrees(void) {
+    enum { N = 1000 };
+    static float x[N];
+    static fp16_t ref[N], got[N];
+    const uint32_t special_bits[] = {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFA5A5A5u, 0x477FE000u,
+                                     0x477FF000u, 0x477FEFFFu, 0x33000000u, 0x33000001u, 0x38800000u, 0x387FFFFFu,
+                                     0x00000001u, 0x80000000u, 0x3F800000u, 0x33800000u};
+    for (int i = 0; i < N; ++i) {
+        uint32_t bits = i < 16 ? special_bits[i] : rng_u32();
+        if (i >= 16 && i % 3 == 0) bits = (bits & 0x8FFFFFFFu) | 0x30000000u;  /* many near the half range */
+        memcpy(&x[i], &bits, 4);
+    }
+    pyllm_op_kernels(PYLLM_TIER_GENERIC)->to_half(x, ref, N);
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        pyllm_op_kernels(tier)->to_half(x, got, N);
+        CHECK(memcmp(ref, got, sizeof(ref)) == 0, "to_half: tier %s differs from generic", pyllm_tier_name(tier));
+    }
+}
+
 /* The non-matmul kernels: every tier gives the generic bits (lengths with and without an 8-wide tail,
  * masked scores, zero weights, inputs that reach exp_ggml's scaled and overflow branches); exp_ggml is
  * within 2 ulp of exp wherever its result is a normal float. */
@@ -316,6 +337,7 @@ static void test_op_kernels_agree(void) {
     }
     test_activation_quantizers_agree();
     test_geglu_agrees();
+    test_to_half_agrees();
     int within = 1;
     for (int i = 0; i < 200000; ++i) {
         const float x = rng_float(-87.0f, 88.0f);
