@@ -2,11 +2,12 @@
  * matmul.c - Y[M,N] = X[M,K] . W[N,K]^T over quantized weight rows.
  *
  * X rows are first converted to the activation format of W's type (q8_0,
- * q8_K or float32), split across threads by row. Then each thread computes a
- * contiguous range of output columns (weight rows) for every X row, with the
- * same vec_dot kernel whatever M and the thread count: an output element
+ * q8_K or float32), split across threads by row. Then the threads take chunks
+ * of output columns (weight rows) as they free up, computing each for every X
+ * row with the same kernels whatever M and the thread count: an output element
  * depends only on its weight row and its X row, never on how work was split.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "dispatch.h"
@@ -29,6 +30,8 @@ typedef struct {
     float *y;              /* (m, n) */
     act_rows *groups;      /* with a rows kernel: the X rows in groups of VEC_DOT_MAX_ROWS */
     int64_t n_groups;
+    int64_t chunk_rows;    /* weight rows handed out at a time (whole tiles) */
+    atomic_llong next_chunk;
 } matmul_job;
 
 static inline void split_range(int64_t total, int ith, int nth, int64_t *begin, int64_t *end) {
@@ -45,10 +48,8 @@ static void quantize_task(void *arg, int ith, int nth) {
     }
 }
 
-static void dot_task(void *arg, int ith, int nth) {
-    const matmul_job *job = arg;
-    int64_t begin, end;
-    split_range(job->n, ith, nth, &begin, &end);
+/* Output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time. */
+static void dot_rows(const matmul_job *job, int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
         int64_t r = 0;
@@ -70,6 +71,19 @@ static void dot_task(void *arg, int ith, int nth) {
             float *y = job->y + r * job->n;
             for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, job->w + c * job->w_row_bytes, act);
         }
+    }
+}
+
+/* The weight rows go out in chunks of whole tiles, each to whichever thread asks next: a thread the
+ * system holds up (another process, a busy server) costs its chunk, not half the matmul. */
+static void dot_task(void *arg, int ith, int nth) {
+    (void)ith, (void)nth;
+    matmul_job *job = arg;
+    for (;;) {
+        const int64_t begin = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed) * job->chunk_rows;
+        if (begin >= job->n) break;
+        const int64_t end = begin + job->chunk_rows < job->n ? begin + job->chunk_rows : job->n;
+        dot_rows(job, begin, end);
     }
 }
 
@@ -118,6 +132,10 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
             act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, scratch + gi * group_bytes);
         }
     }
+    /* about 8 chunks per thread, so the threads finish together even when one is held up */
+    const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE, tiles_per_chunk = tiles / (8 * n_threads);
+    job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
+    atomic_init(&job.next_chunk, 0);
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
     free(job.groups);
     free(scratch);
