@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "dispatch.h"
@@ -163,26 +164,31 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     job->kernels->weighted_sum(scores + begin, job->v + begin * stride + hk * d, stride, span, d, out);
 }
 
-/* Several attention calls (a batch's sequences) in one task: their (row, head) items numbered in order,
- * item i to thread i mod nth. */
+/* Several attention calls (a batch's sequences) in one task: their (row, head) items numbered in order
+ * and taken one by one by whichever thread is free. */
 typedef struct {
     const attention_job *jobs;
     int n_jobs;
     float *scratch;            /* per thread: scratch_floats */
     int64_t scratch_floats;
+    atomic_llong next_item;
 } attention_batch;
 
 static void attention_task(void *arg, int ith, int nth) {
-    const attention_batch *batch = arg;
+    (void)nth;
+    attention_batch *batch = arg;
     float *scratch = batch->scratch + ith * batch->scratch_floats;
+    int j = 0;
     int64_t base = 0;  /* the first item of job j */
-    for (int j = 0; j < batch->n_jobs; ++j) {
-        const attention_job *job = &batch->jobs[j];
-        const int64_t items = job->m * job->n_head;
-        for (int64_t idx = (ith - base % nth + nth) % nth; idx < items; idx += nth) {
-            attend_one(job, idx / job->n_head, idx % job->n_head, scratch);
+    for (;;) {
+        const int64_t item = atomic_fetch_add_explicit(&batch->next_item, 1, memory_order_relaxed);
+        while (j < batch->n_jobs && item >= base + batch->jobs[j].m * batch->jobs[j].n_head) {
+            base += batch->jobs[j].m * batch->jobs[j].n_head;
+            ++j;
         }
-        base += items;
+        if (j == batch->n_jobs) return;
+        const attention_job *job = &batch->jobs[j];
+        attend_one(job, (item - base) / job->n_head, (item - base) % job->n_head, scratch);
     }
 }
 
@@ -208,7 +214,9 @@ int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_
     }
     /* a small step is quicker on fewer threads than handed out (results do not depend on it) */
     if (work < (int64_t)n_threads << 15) n_threads = (int)(work >> 15) + 1;
-    attention_batch batch = {jobs, n_calls, malloc((size_t)(n_threads * (max_kv + d)) * sizeof(float)), max_kv + d};
+    attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = max_kv + d};
+    batch.scratch = malloc((size_t)(n_threads * batch.scratch_floats) * sizeof(float));
+    atomic_init(&batch.next_item, 0);
     int status = batch.scratch == NULL ? PYLLM_ERR_NOMEM : pyllm_pool_run(n_threads, attention_task, &batch);
     free(batch.scratch);
     free(jobs);
