@@ -13,10 +13,33 @@
 #include "pyllm.h"
 #include "threadpool.h"
 
+/* The layers' rope settings (llama-style models have one, gemma3 a second for its sliding-window layers):
+ * each one's angles for the batch's rows (m * n_rot), made once. */
+typedef struct {
+    float base, scale;
+    float *angles;
+} rope_setting;
+
 typedef struct {
     float *h, *q, *k, *v, *attn, *o, *gate, *up, *act;
     pyllm_attention_call *calls;  /* one per segment */
+    rope_setting *rope;           /* room for one per layer */
+    int n_rope;
 } block_scratch;
+
+/* The batch's rotation angles for layer b's rope setting, computed the first time a layer uses it;
+ * NULL when out of memory. */
+static const float *rope_angles(block_scratch *s, const pyllm_block *b, const int32_t *positions, int64_t m,
+                                int64_t n_rot) {
+    for (int i = 0; i < s->n_rope; ++i) {
+        if (s->rope[i].base == b->rope_base && s->rope[i].scale == b->rope_scale) return s->rope[i].angles;
+    }
+    float *angles = malloc((size_t)(m * n_rot) * sizeof(float));
+    if (angles == NULL) return NULL;
+    pyllm_rope_angles(positions, m, n_rot, b->rope_base, b->rope_scale, angles);
+    s->rope[s->n_rope++] = (rope_setting){b->rope_base, b->rope_scale, angles};
+    return angles;
+}
 
 /* The row-wise steps, split by rows across the pool's threads (each row's arithmetic is the op's own). */
 typedef enum { STEP_NORM, STEP_ROPE, STEP_SWIGLU, STEP_GEGLU, STEP_ADD } step_kind;
@@ -24,12 +47,10 @@ typedef enum { STEP_NORM, STEP_ROPE, STEP_SWIGLU, STEP_GEGLU, STEP_ADD } step_ki
 typedef struct {
     step_kind kind;
     int64_t rows, width;          /* the rows split across threads, of width floats each */
-    const float *a, *b;           /* NORM: x, weight; SWIGLU / GEGLU: gate, up; ADD: the addend */
+    const float *a, *b;           /* NORM: x, weight; SWIGLU / GEGLU: gate, up; ADD: the addend; ROPE: angles */
     float *y;                     /* the output (ROPE and ADD: in place) */
     float eps;                    /* NORM */
-    const pyllm_block_config *cfg; /* ROPE: with the block's base and scale, n_heads = width / head_dim */
-    const pyllm_block *block;
-    const int32_t *positions;
+    const pyllm_block_config *cfg; /* ROPE: n_heads = width / head_dim */
 } row_step;
 
 static void row_step_task(void *arg, int ith, int nth) {
@@ -41,8 +62,8 @@ static void row_step_task(void *arg, int ith, int nth) {
         pyllm_rms_norm(s->a + offset, s->b, s->y + offset, n, s->width, s->eps);
         break;
     case STEP_ROPE:
-        pyllm_rope(s->y + offset, s->positions + begin, n, s->width / s->cfg->head_dim, s->cfg->head_dim,
-                   s->cfg->n_rot, s->block->rope_base, s->block->rope_scale, s->cfg->rope_neox);
+        pyllm_rope_rotate(s->y + offset, s->a + begin * s->cfg->n_rot, n, s->width / s->cfg->head_dim,
+                          s->cfg->head_dim, s->cfg->n_rot, s->cfg->rope_neox);
         break;
     case STEP_SWIGLU:
         pyllm_swiglu(s->a + offset, s->b + offset, s->y + offset, n, s->width);
@@ -72,10 +93,10 @@ static void add_into(float *x, const float *addend, int64_t rows, int64_t width,
     run_rows((row_step){.kind = STEP_ADD, .rows = rows, .width = width, .a = addend, .y = x}, n_threads);
 }
 
-static void rope_rows(const pyllm_block_config *cfg, const pyllm_block *b, float *x, const int32_t *positions,
-                      int64_t m, int64_t n_heads, int n_threads) {
-    run_rows((row_step){.kind = STEP_ROPE, .rows = m, .width = n_heads * cfg->head_dim, .y = x, .cfg = cfg,
-                        .block = b, .positions = positions}, n_threads);
+static void rope_rows(const pyllm_block_config *cfg, const float *cos_sin, float *x, int64_t m, int64_t n_heads,
+                      int n_threads) {
+    run_rows((row_step){.kind = STEP_ROPE, .rows = m, .width = n_heads * cfg->head_dim, .y = x, .a = cos_sin,
+                        .cfg = cfg}, n_threads);
 }
 
 static int matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads) {
@@ -106,8 +127,10 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     if (b->bv) add_rows(s->v, b->bv, m, kv_row);
     if (b->q_norm) rms_norm_rows(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps, n_threads);
     if (b->k_norm) rms_norm_rows(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
-    rope_rows(cfg, b, s->q, positions, m, cfg->n_head, n_threads);
-    rope_rows(cfg, b, s->k, positions, m, cfg->n_head_kv, n_threads);
+    const float *cos_sin = rope_angles(s, b, positions, m, cfg->n_rot);
+    if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
+    rope_rows(cfg, cos_sin, s->q, m, cfg->n_head, n_threads);
+    rope_rows(cfg, cos_sin, s->k, m, cfg->n_head_kv, n_threads);
     float score_scale = cfg->attn_scale;
     if (cfg->scale_query) {
         scale_all(s->q, m * q_row, score_scale);
@@ -191,11 +214,15 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     s.up = p, p += m * widths[7];
     s.act = p;
     s.calls = malloc((size_t)n_segments * sizeof(pyllm_attention_call));
-    int status = s.calls == NULL ? PYLLM_ERR_NOMEM : PYLLM_OK;
+    s.rope = malloc((size_t)(n_layer > 0 ? n_layer : 1) * sizeof(rope_setting));
+    s.n_rope = 0;
+    int status = s.calls == NULL || s.rope == NULL ? PYLLM_ERR_NOMEM : PYLLM_OK;
     for (int i = 0; i < n_layer && status == PYLLM_OK; ++i) {
         status = attention_block(cfg, &blocks[i], i, &s, x, m, positions, segments, n_segments, n_threads);
         if (status == PYLLM_OK) status = ffn_block(cfg, &blocks[i], &s, x, m, n_threads);
     }
+    for (int i = 0; i < s.n_rope; ++i) free(s.rope[i].angles);
+    free(s.rope);
     free(s.calls);
     free(buffer);
     return status;

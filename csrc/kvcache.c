@@ -40,21 +40,24 @@ int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discar
     float *k = malloc((size_t)(cap * layer->k_row) * sizeof(float));
     uint16_t *v = malloc((size_t)(cap * layer->v_row) * sizeof(uint16_t));
     int32_t *new_pos = malloc((size_t)cap * sizeof(int32_t));
-    if (k == NULL || v == NULL || new_pos == NULL) {
+    float *cos_sin = malloc((size_t)n_rot * sizeof(float));
+    if (k == NULL || v == NULL || new_pos == NULL || cos_sin == NULL) {
         free(k);
         free(v);
         free(new_pos);
+        free(cos_sin);
         return PYLLM_ERR_NOMEM;
     }
     /* the kept tokens, in slot order: their keys as floats, re-rotated by -n_discard where they move */
     int64_t n = 0;
     const int32_t back = -n_discard;
+    pyllm_rope_angles(&back, 1, n_rot, freq_base, freq_scale, cos_sin);
     for (int64_t s = 0; s < cap; ++s) {
         const int32_t p = layer->positions[s];
         if (p < 0 || (p >= n_keep && p < n_keep + n_discard)) continue;
         float *kr = k + n * layer->k_row;
         for (int64_t i = 0; i < layer->k_row; ++i) kr[i] = fp16_to_fp32(layer->k[s * layer->k_row + i]);
-        if (p >= n_keep) pyllm_rope(kr, &back, 1, n_heads_kv, head_dim, n_rot, freq_base, freq_scale, neox);
+        if (p >= n_keep) pyllm_rope_rotate(kr, cos_sin, 1, n_heads_kv, head_dim, n_rot, neox);
         memcpy(v + n * layer->v_row, layer->v + s * layer->v_row, (size_t)layer->v_row * sizeof(uint16_t));
         new_pos[n++] = p >= n_keep ? p - n_discard : p;
     }
@@ -68,6 +71,7 @@ int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discar
     free(k);
     free(v);
     free(new_pos);
+    free(cos_sin);
     return PYLLM_OK;
 }
 

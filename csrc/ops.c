@@ -46,18 +46,29 @@ void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t
     }
 }
 
-/* Rotary position embedding, in place on x[m, n_heads, head_dim] at positions pos[m].
- * The first n_rot dims of each head rotate: theta_i = freq_scale * pos * base^(-2i / n_rot).
- * Normal style pairs (2i, 2i+1); neox style pairs (i, i + n_rot / 2). */
-void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
-                float freq_base, float freq_scale, int neox) {
-    const int64_t half = n_rot / 2;
+/* The rotation angles' cosines and sines of m rows at positions pos: cos_sin[r * n_rot + 2i] = cos(theta_i),
+ * [.. + 2i + 1] = sin(theta_i), theta_i = freq_scale * pos * base^(-2i / n_rot) with pos * base^(-2/n_rot)^i
+ * by repeated multiplication, as ggml does. */
+void pyllm_rope_angles(const int32_t *pos, int64_t m, int64_t n_rot, float freq_base, float freq_scale, float *cos_sin) {
     const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
     for (int64_t r = 0; r < m; ++r) {
-        float theta_base = (float)pos[r];  /* pos * theta_scale^i, by repeated multiplication as ggml does */
-        for (int64_t i = 0; i < half; ++i, theta_base *= theta_scale) {
+        float theta_base = (float)pos[r];
+        for (int64_t i = 0; i < n_rot / 2; ++i, theta_base *= theta_scale) {
             const float theta = freq_scale * theta_base;
-            const float c = cosf(theta), s = sinf(theta);
+            cos_sin[r * n_rot + 2 * i] = cosf(theta);
+            cos_sin[r * n_rot + 2 * i + 1] = sinf(theta);
+        }
+    }
+}
+
+/* Rotate x[m, n_heads, head_dim] in place by the angles of pyllm_rope_angles (the first n_rot dims of
+ * each head; normal style pairs (2i, 2i+1), neox style (i, i + n_rot / 2)). */
+void pyllm_rope_rotate(float *x, const float *cos_sin, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+                       int neox) {
+    const int64_t half = n_rot / 2;
+    for (int64_t r = 0; r < m; ++r) {
+        for (int64_t i = 0; i < half; ++i) {
+            const float c = cos_sin[r * n_rot + 2 * i], s = cos_sin[r * n_rot + 2 * i + 1];
             for (int64_t h = 0; h < n_heads; ++h) {
                 float *head = x + (r * n_heads + h) * head_dim;
                 const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
@@ -68,6 +79,19 @@ void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_
             }
         }
     }
+}
+
+/* Rotary position embedding, in place on x[m, n_heads, head_dim] at positions pos[m]. */
+int pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+               float freq_base, float freq_scale, int neox) {
+    float *cos_sin = malloc((size_t)n_rot * sizeof(float));  /* one row's angles at a time */
+    if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
+    for (int64_t r = 0; r < m; ++r) {
+        pyllm_rope_angles(pos + r, 1, n_rot, freq_base, freq_scale, cos_sin);
+        pyllm_rope_rotate(x + r * n_heads * head_dim, cos_sin, 1, n_heads, head_dim, n_rot, neox);
+    }
+    free(cos_sin);
+    return PYLLM_OK;
 }
 
 /* y[m, n] = silu(gate) * up, as llama.cpp: its vector silu x / (1 + exp_ggml(0 - x)) on each

@@ -97,9 +97,14 @@ void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t
 
 /* In place on x[m, n_heads, head_dim] at positions pos[m]: rotate the first n_rot dims of each
  * head by theta_i = freq_scale * pos * freq_base^(-2i / n_rot); neox pairs (i, i + n_rot/2),
- * otherwise (2i, 2i + 1). */
-void pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
-                float freq_base, float freq_scale, int neox);
+ * otherwise (2i, 2i + 1). The same in two steps: the angles' cosines and sines of each row
+ * (cos_sin[m, n_rot], interleaved cos, sin), then the rotation, so rows at the same positions
+ * (every layer of a batch) share the first. */
+int pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+               float freq_base, float freq_scale, int neox);
+void pyllm_rope_angles(const int32_t *pos, int64_t m, int64_t n_rot, float freq_base, float freq_scale, float *cos_sin);
+void pyllm_rope_rotate(float *x, const float *cos_sin, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+                       int neox);
 
 /* y[m, n] = silu(gate) * up, and y[n] = gelu(tanh approximation)(gate) * up */
 void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t m, int64_t n);

@@ -274,8 +274,8 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float, fre
     pos = np.ascontiguousarray(positions, dtype=np.int32)
     if pos.shape != (m,) or not 0 < n_rot <= head_dim or n_rot % 2:
         raise KernelError(f"rope: positions {pos.shape} for {m} rows, n_rot {n_rot} of head_dim {head_dim}")
-    lib.pyllm_rope(_fptr(x), ffi.from_buffer("int32_t[]", pos), m, n_heads, head_dim, n_rot,
-                   float(freq_base), float(freq_scale), int(neox))
+    _check(lib.pyllm_rope(_fptr(x), ffi.from_buffer("int32_t[]", pos), m, n_heads, head_dim, n_rot,
+                          float(freq_base), float(freq_scale), int(neox)), "rope")
 
 
 def gated_activation(gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
