@@ -21,7 +21,9 @@ typedef struct {
 } rope_setting;
 
 typedef struct {
-    float *h, *q, *k, *v, *attn, *o, *gate, *up, *act;
+    float *h;                     /* a norm's output, then (the inputs used) a block's output */
+    float *q, *k, *v, *attn;
+    float *gate, *up;             /* the activation goes into gate */
     pyllm_attention_call *calls;  /* one per segment */
     rope_setting *rope;           /* room for one per layer */
     int n_rope;
@@ -149,10 +151,10 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     status = pyllm_attention_batch(s->calls, n_segments, cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale,
                                    b->window, 0.0f, n_threads);  /* all sequences' attention in one task */
     if (status != PYLLM_OK) return status;
-    status = matmul(&b->wo, s->attn, m, s->o, n_threads);
+    status = matmul(&b->wo, s->attn, m, s->h, n_threads);  /* h is free again: the output goes there */
     if (status != PYLLM_OK) return status;
-    if (b->post_attn_norm) rms_norm_rows(s->o, b->post_attn_norm, s->o, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    add_into(x, s->o, m, cfg->n_embd, n_threads);
+    if (b->post_attn_norm) rms_norm_rows(s->h, b->post_attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    add_into(x, s->h, m, cfg->n_embd, n_threads);
     return PYLLM_OK;
 }
 
@@ -163,11 +165,11 @@ static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_
     if (status == PYLLM_OK) status = matmul(&b->w_up, s->h, m, s->up, n_threads);
     if (status != PYLLM_OK) return status;
     run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = m, .width = cfg->n_ff,
-                        .a = s->gate, .b = s->up, .y = s->act}, n_threads);
-    status = matmul(&b->w_down, s->act, m, s->o, n_threads);
+                        .a = s->gate, .b = s->up, .y = s->gate}, n_threads);  /* in place: elementwise */
+    status = matmul(&b->w_down, s->gate, m, s->h, n_threads);
     if (status != PYLLM_OK) return status;
-    if (b->post_ffw_norm) rms_norm_rows(s->o, b->post_ffw_norm, s->o, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    add_into(x, s->o, m, cfg->n_embd, n_threads);
+    if (b->post_ffw_norm) rms_norm_rows(s->h, b->post_ffw_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    add_into(x, s->h, m, cfg->n_embd, n_threads);
     return PYLLM_OK;
 }
 
@@ -197,7 +199,7 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
         if (!shapes_agree(cfg, &blocks[i])) return PYLLM_ERR_SHAPE;
     }
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
-    const int64_t widths[] = {cfg->n_embd, q_row, kv_row, kv_row, q_row, cfg->n_embd, cfg->n_ff, cfg->n_ff, cfg->n_ff};
+    const int64_t widths[] = {cfg->n_embd, q_row, kv_row, kv_row, q_row, cfg->n_ff, cfg->n_ff};
     int64_t total = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); ++i) total += m * widths[i];
     float *buffer = malloc((size_t)total * sizeof(float));
@@ -209,10 +211,8 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     s.k = p, p += m * widths[2];
     s.v = p, p += m * widths[3];
     s.attn = p, p += m * widths[4];
-    s.o = p, p += m * widths[5];
-    s.gate = p, p += m * widths[6];
-    s.up = p, p += m * widths[7];
-    s.act = p;
+    s.gate = p, p += m * widths[5];
+    s.up = p;
     s.calls = malloc((size_t)n_segments * sizeof(pyllm_attention_call));
     s.rope = malloc((size_t)(n_layer > 0 ? n_layer : 1) * sizeof(rope_setting));
     s.n_rope = 0;
