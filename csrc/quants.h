@@ -212,7 +212,8 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
                       void *scratch);
 
 /* out[r] = vec_dot(n, w, group->rows[r]) for r < group->n_rows, bit for bit: one weight row against several
- * activation rows, unpacking the weights once. */
+ * activation rows, unpacking the weights once. out has room for VEC_DOT_MAX_ROWS per group (the padding
+ * rows' entries may be written too). */
 typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const act_rows *group, float *out);
 
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no

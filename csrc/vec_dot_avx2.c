@@ -477,37 +477,56 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     return acc - chained_mins;
 }
 
-/* Q4_K over four activation rows: each superblock's nibbles and scales unpacked once; per 64-element
- * chunk the four rows' exact sums in one vector (totals4), so each chain step is one vector FMA whose
- * lane r is row r's fmaf. */
-static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+static inline __attribute__((always_inline)) void rows_q4_K(int64_t n, const void *w, const act_rows *groups,
+                                                            float *out, const int n_groups) {
     const block_q4_K *x = w;
-    const block_q8_K *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
-    __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, mins[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
-        /* group g's min term of rows 0..3, paired per chunk: lane 2c / 2c + 1 of each 128-bit half */
-        const __m256i min01 = _mm256_hadd_epi32(k4_mins_product(scales_mins, &y0[b]), k4_mins_product(scales_mins, &y1[b]));
-        const __m256i min23 = _mm256_hadd_epi32(k4_mins_product(scales_mins, &y2[b]), k4_mins_product(scales_mins, &y3[b]));
-        const __m128 d_act = _mm_setr_ps(y0[b].d, y1[b].d, y2[b].d, y3[b].d);
-        const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)), d_act);
-        const __m128 scale_min = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].dmin)), d_act);
+        const __m128 d = _mm_set1_ps(half_to_float(x[b].d)), dmin = _mm_set1_ps(half_to_float(x[b].dmin));
+        const block_q8_K *y[2][VEC_DOT_MAX_ROWS];
+        __m256i min01[2], min23[2];
+        __m128 scale[2], scale_min[2];
+#pragma GCC unroll 2
+        for (int g = 0; g < n_groups; ++g) {
+            for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) y[g][r] = (const block_q8_K *)groups[g].rows[r] + b;
+            /* group g's min term of rows 0..3, paired per chunk: lane 2c / 2c + 1 of each 128-bit half */
+            min01[g] = _mm256_hadd_epi32(k4_mins_product(scales_mins, y[g][0]), k4_mins_product(scales_mins, y[g][1]));
+            min23[g] = _mm256_hadd_epi32(k4_mins_product(scales_mins, y[g][2]), k4_mins_product(scales_mins, y[g][3]));
+            const __m128 d_act = _mm_setr_ps(y[g][0]->d, y[g][1]->d, y[g][2]->d, y[g][3]->d);
+            scale[g] = _mm_mul_ps(d, d_act);
+            scale_min[g] = _mm_mul_ps(dmin, d_act);
+        }
         for (int c = 0; c < 4; ++c) {
             const q4_K_chunk u = q4_K_unpack_chunk(&x[b], scales, c);
-            const __m128i sums = totals4(q4_K_chunk_dot(&u, y0[b].qs + 64 * c), q4_K_chunk_dot(&u, y1[b].qs + 64 * c),
-                                         q4_K_chunk_dot(&u, y2[b].qs + 64 * c), q4_K_chunk_dot(&u, y3[b].qs + 64 * c));
-            /* [row0, row1] of chunk c from min01, [row2, row3] from min23: lanes c % 2 and c % 2 + 2 of half c / 2 */
-            const __m128i half01 = c < 2 ? _mm256_castsi256_si128(min01) : _mm256_extracti128_si256(min01, 1);
-            const __m128i half23 = c < 2 ? _mm256_castsi256_si128(min23) : _mm256_extracti128_si256(min23, 1);
-            const __m128 min_sums = c % 2 == 0
-                ? _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(2, 0, 2, 0))
-                : _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(3, 1, 3, 1));
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
-            mins = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_castps_si128(min_sums)), scale_min, mins);
+#pragma GCC unroll 2
+            for (int g = 0; g < n_groups; ++g) {
+                const __m128i sums = totals4(q4_K_chunk_dot(&u, y[g][0]->qs + 64 * c), q4_K_chunk_dot(&u, y[g][1]->qs + 64 * c),
+                                             q4_K_chunk_dot(&u, y[g][2]->qs + 64 * c), q4_K_chunk_dot(&u, y[g][3]->qs + 64 * c));
+                /* [row0, row1] of chunk c from min01, [row2, row3] from min23: lanes c % 2 and c % 2 + 2 of half c / 2 */
+                const __m128i half01 = c < 2 ? _mm256_castsi256_si128(min01[g]) : _mm256_extracti128_si256(min01[g], 1);
+                const __m128i half23 = c < 2 ? _mm256_castsi256_si128(min23[g]) : _mm256_extracti128_si256(min23[g], 1);
+                const __m128 min_sums = c % 2 == 0
+                    ? _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(2, 0, 2, 0))
+                    : _mm_shuffle_ps(_mm_castsi128_ps(half01), _mm_castsi128_ps(half23), _MM_SHUFFLE(3, 1, 3, 1));
+                acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale[g], acc[g]);
+                mins[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_castps_si128(min_sums)), scale_min[g], mins[g]);
+            }
         }
     }
-    store_rows(_mm_sub_ps(acc, mins), group, out);
+    _mm_storeu_ps(out, _mm_sub_ps(acc[0], mins[0]));
+    if (n_groups == 2) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS, _mm_sub_ps(acc[1], mins[1]));
+}
+
+/* Q4_K over four (or eight) activation rows: each superblock's nibbles and scales unpacked once; per
+ * 64-element chunk a group's four exact sums in one vector (totals4), so each chain step is one vector FMA
+ * whose lane r is row r's fmaf. */
+static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    rows_q4_K(n, w, group, out, 1);
+}
+static void vec_dot_rows8_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    rows_q4_K(n, w, group, out, 2);
 }
 
 static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
@@ -966,7 +985,7 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
 const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows8_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows8_q4_1_avx2,
     [PYLLM_TYPE_Q5_0] = vec_dot_rows8_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows8_q5_1_avx2,
-    [PYLLM_TYPE_Q8_0] = vec_dot_rows8_q8_0_avx2,
+    [PYLLM_TYPE_Q8_0] = vec_dot_rows8_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows8_q4_K_avx2,
 };
 
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
