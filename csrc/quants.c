@@ -470,7 +470,8 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
 
 int64_t act_rows_scratch_bytes(int weight_type, int64_t n) {
     const int64_t nb = n / QK32 * VEC_DOT_MAX_ROWS;
-    return nb * 2 * (int64_t)sizeof(float) + (weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 * (int64_t)sizeof(int32_t) : 0);
+    const int64_t offset_ints = weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
+    return nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
 }
 
 void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
@@ -483,6 +484,7 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
     group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
     group->offsets = weight_type == PYLLM_TYPE_Q5_0 ? offsets : NULL;
+    group->block_offsets = weight_type == PYLLM_TYPE_Q4_0 ? offsets : NULL;
     for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
         const int real = r < n_rows;
         group->rows[r] = rows[real ? r : 0];
@@ -497,6 +499,12 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
             }
             scale[b * VEC_DOT_MAX_ROWS + r] = d;
             if (group->sum != NULL) sum[b * VEC_DOT_MAX_ROWS + r] = s;
+            if (group->block_offsets != NULL) {
+                const int8_t *qs = ((const block_q8_0 *)group->rows[r])[b].qs;
+                int32_t sum = 0;
+                for (int j = 0; j < QK32; ++j) sum += qs[j];
+                offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * sum;
+            }
             if (group->offsets != NULL) {
                 const int8_t *qs = ((const block_q8_0 *)group->rows[r])[b].qs;
                 for (int l = 0; l < 8; ++l) {

@@ -192,7 +192,8 @@ typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
 /* Up to VEC_DOT_MAX_ROWS activation rows for the multi-row kernels; for q8_0 / q8_1 blocks with their
  * scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...] its s
  * (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * the sum of row r's
- * quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l). Rows from n_rows on
+ * quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l); for Q4_0 weights,
+ * block_offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * the sum of row r's quants in block b. Rows from n_rows on
  * repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and their results are dropped. */
 #define VEC_DOT_MAX_ROWS 4
 typedef struct {
@@ -200,6 +201,7 @@ typedef struct {
     const float *scale;
     const float *sum;
     const int32_t *offsets;
+    const int32_t *block_offsets;
     int n_rows;
 } act_rows;
 

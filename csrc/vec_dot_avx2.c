@@ -278,18 +278,36 @@ static inline void store_rows(__m128 v, const act_rows *group, float *out) {
     for (int r = 0; r < group->n_rows; ++r) out[r] = lanes[r];
 }
 
-static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+/* Q4_0 over one or two groups of rows, its nibbles unsigned (q + 8): each block's exact sum is the unsigned
+ * one less 8 * the activations' block sum (act_rows block_offsets), four rows' sums in one vector (totals4). */
+static inline __attribute__((always_inline)) void rows_q4_0(int64_t n, const void *w, const act_rows *groups,
+                                                            float *out, const int n_groups) {
     const block_q4_0 *x = w;
-    const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
-    __m128 acc = _mm_setzero_ps();  /* lane r: row r's chain */
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};  /* lane r: row r's chain */
     for (int64_t b = 0; b < n / QK32; ++b) {
-        const __m256i q = unpack_q4_0(x + b);
-        const __m128i sums = totals4(lanes_signed(q, y0[b].qs), lanes_signed(q, y1[b].qs), lanes_signed(q, y2[b].qs),
-                                     lanes_signed(q, y3[b].qs));
-        const __m128 scale = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)), _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc);
+        const __m256i u = unpack_nibbles32(x[b].qs);
+        const __m128 d = _mm_broadcastss_ps(block_halves(x + b));
+#pragma GCC unroll 2
+        for (int g = 0; g < n_groups; ++g) {
+            const act_rows *group = &groups[g];
+            const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
+            const __m128i unsigned_sums = totals4(lanes_unsigned(u, y0[b].qs), lanes_unsigned(u, y1[b].qs),
+                                                  lanes_unsigned(u, y2[b].qs), lanes_unsigned(u, y3[b].qs));
+            const __m128i sums = _mm_sub_epi32(unsigned_sums,
+                                               _mm_loadu_si128((const __m128i *)(group->block_offsets + VEC_DOT_MAX_ROWS * b)));
+            const __m128 scale = _mm_mul_ps(d, _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));
+            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc[g]);
+        }
     }
-    store_rows(acc, group, out);
+    _mm_storeu_ps(out, acc[0]);
+    if (n_groups == 2) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS, acc[1]);
+}
+
+static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    rows_q4_0(n, w, group, out, 1);
+}
+static void vec_dot_rows8_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    rows_q4_0(n, w, group, out, 2);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -983,6 +1001,7 @@ const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
 };
 
 const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q4_0] = vec_dot_rows8_q4_0_avx2,
     [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows8_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows8_q4_1_avx2,
     [PYLLM_TYPE_Q5_0] = vec_dot_rows8_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows8_q5_1_avx2,
     [PYLLM_TYPE_Q8_0] = vec_dot_rows8_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows8_q4_K_avx2,
