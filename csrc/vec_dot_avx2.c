@@ -251,24 +251,39 @@ ROWS32_KERNELS(q5_0, FMT_Q5_0)
 ROWS32_KERNELS(q5_1, FMT_Q5_1)
 ROWS32_KERNELS(q8_0, FMT_Q8_0)
 
-/* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain. */
-static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
-    const block_q4_0 *x = w;
-    const block_q8_0 *y = act;
-    float acc = 0.0f;
-    for (int64_t b = 0; b < n / QK32; ++b) {
-        prefetch_ahead(x + b);
-        const int32_t sum = hsum_i32x8(lanes_signed(unpack_q4_0(x + b), y[b].qs));
-        acc = fmaf((float)sum, _mm_cvtss_f32(_mm_mul_ss(block_halves(x + b), block_halves(y + b))), acc);
-    }
-    return acc;
-}
-
 /* The 4 int totals of 4 vectors of 8 int32 lanes, in one vector. */
 static inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
     const __m256i abcd = _mm256_hadd_epi32(ab, cd);  /* per 128-bit half: a b c d partial totals */
     return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+/* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain;
+ * four blocks' sums at a time in one vector (totals4), then their four chain steps in order. */
+static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
+    const block_q4_0 *x = w;
+    const block_q8_0 *y = act;
+    const int64_t nb = n / QK32;
+    float acc = 0.0f;
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        prefetch_ahead(x + b);
+        prefetch_ahead(x + b + 2);
+        int32_t sums[4];
+        _mm_storeu_si128((__m128i *)sums, totals4(lanes_signed(unpack_q4_0(x + b), y[b].qs),
+                                                  lanes_signed(unpack_q4_0(x + b + 1), y[b + 1].qs),
+                                                  lanes_signed(unpack_q4_0(x + b + 2), y[b + 2].qs),
+                                                  lanes_signed(unpack_q4_0(x + b + 3), y[b + 3].qs)));
+        for (int i = 0; i < 4; ++i) {
+            const float scale = _mm_cvtss_f32(_mm_mul_ss(block_halves(x + b + i), block_halves(y + b + i)));
+            acc = fmaf((float)sums[i], scale, acc);
+        }
+    }
+    for (; b < nb; ++b) {
+        const int32_t sum = hsum_i32x8(lanes_signed(unpack_q4_0(x + b), y[b].qs));
+        acc = fmaf((float)sum, _mm_cvtss_f32(_mm_mul_ss(block_halves(x + b), block_halves(y + b))), acc);
+    }
+    return acc;
 }
 
 /* out[r] = lane r of v for the group's real rows */
