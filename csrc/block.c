@@ -80,25 +80,25 @@ static void row_step_task(void *arg, int ith, int nth) {
 }
 
 /* Small steps (decode) run on the calling thread: handing them out costs more than they do. */
-static void run_rows(row_step step, int n_threads) {
+static int run_rows(row_step step, int n_threads) {
     const int threads = step.rows * step.width < 16384 ? 1 : (step.rows < n_threads ? (int)step.rows : n_threads);
-    pyllm_pool_run(threads, row_step_task, &step);
+    return pyllm_pool_run(threads, row_step_task, &step);
 }
 
-static void rms_norm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t width, float eps,
-                          int n_threads) {
-    run_rows((row_step){.kind = STEP_NORM, .rows = rows, .width = width, .a = x, .b = w, .y = y, .eps = eps},
-             n_threads);
+static int rms_norm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t width, float eps,
+                         int n_threads) {
+    return run_rows((row_step){.kind = STEP_NORM, .rows = rows, .width = width, .a = x, .b = w, .y = y, .eps = eps},
+                    n_threads);
 }
 
-static void add_into(float *x, const float *addend, int64_t rows, int64_t width, int n_threads) {
-    run_rows((row_step){.kind = STEP_ADD, .rows = rows, .width = width, .a = addend, .y = x}, n_threads);
+static int add_into(float *x, const float *addend, int64_t rows, int64_t width, int n_threads) {
+    return run_rows((row_step){.kind = STEP_ADD, .rows = rows, .width = width, .a = addend, .y = x}, n_threads);
 }
 
-static void rope_rows(const pyllm_block_config *cfg, const float *cos_sin, float *x, int64_t m, int64_t n_heads,
-                      int n_threads) {
-    run_rows((row_step){.kind = STEP_ROPE, .rows = m, .width = n_heads * cfg->head_dim, .y = x, .a = cos_sin,
-                        .cfg = cfg}, n_threads);
+static int rope_rows(const pyllm_block_config *cfg, const float *cos_sin, float *x, int64_t m, int64_t n_heads,
+                     int n_threads) {
+    return run_rows((row_step){.kind = STEP_ROPE, .rows = m, .width = n_heads * cfg->head_dim, .y = x, .a = cos_sin,
+                               .cfg = cfg}, n_threads);
 }
 
 static int matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads) {
@@ -119,20 +119,23 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
                            int64_t m, const int32_t *positions, const pyllm_segment *segments, int n_segments,
                            int n_threads) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
-    rms_norm_rows(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    int status = matmul(&b->wq, s->h, m, s->q, n_threads);
+    int status = rms_norm_rows(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    if (status == PYLLM_OK) status = matmul(&b->wq, s->h, m, s->q, n_threads);
     if (status == PYLLM_OK) status = matmul(&b->wk, s->h, m, s->k, n_threads);
     if (status == PYLLM_OK) status = matmul(&b->wv, s->h, m, s->v, n_threads);
     if (status != PYLLM_OK) return status;
     if (b->bq) add_rows(s->q, b->bq, m, q_row);
     if (b->bk) add_rows(s->k, b->bk, m, kv_row);
     if (b->bv) add_rows(s->v, b->bv, m, kv_row);
-    if (b->q_norm) rms_norm_rows(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps, n_threads);
-    if (b->k_norm) rms_norm_rows(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
+    if (b->q_norm) status = rms_norm_rows(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps, n_threads);
+    if (b->k_norm && status == PYLLM_OK) {
+        status = rms_norm_rows(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
+    }
     const float *cos_sin = rope_angles(s, b, positions, m, cfg->n_rot);
     if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
-    rope_rows(cfg, cos_sin, s->q, m, cfg->n_head, n_threads);
-    rope_rows(cfg, cos_sin, s->k, m, cfg->n_head_kv, n_threads);
+    if (status == PYLLM_OK) status = rope_rows(cfg, cos_sin, s->q, m, cfg->n_head, n_threads);
+    if (status == PYLLM_OK) status = rope_rows(cfg, cos_sin, s->k, m, cfg->n_head_kv, n_threads);
+    if (status != PYLLM_OK) return status;
     float score_scale = cfg->attn_scale;
     if (cfg->scale_query) {
         scale_all(s->q, m * q_row, score_scale);
@@ -153,24 +156,30 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     if (status != PYLLM_OK) return status;
     status = matmul(&b->wo, s->attn, m, s->h, n_threads);  /* h is free again: the output goes there */
     if (status != PYLLM_OK) return status;
-    if (b->post_attn_norm) rms_norm_rows(s->h, b->post_attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    add_into(x, s->h, m, cfg->n_embd, n_threads);
-    return PYLLM_OK;
+    if (b->post_attn_norm) status = rms_norm_rows(s->h, b->post_attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    return status == PYLLM_OK ? add_into(x, s->h, m, cfg->n_embd, n_threads) : status;
 }
 
 static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_scratch *s, float *x, int64_t m,
                      int n_threads) {
-    rms_norm_rows(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    int status = matmul(&b->w_gate, s->h, m, s->gate, n_threads);
+    int status = rms_norm_rows(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    if (status == PYLLM_OK) status = matmul(&b->w_gate, s->h, m, s->gate, n_threads);
     if (status == PYLLM_OK) status = matmul(&b->w_up, s->h, m, s->up, n_threads);
-    if (status != PYLLM_OK) return status;
-    run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = m, .width = cfg->n_ff,
-                        .a = s->gate, .b = s->up, .y = s->gate}, n_threads);  /* in place: elementwise */
-    status = matmul(&b->w_down, s->gate, m, s->h, n_threads);
-    if (status != PYLLM_OK) return status;
-    if (b->post_ffw_norm) rms_norm_rows(s->h, b->post_ffw_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    add_into(x, s->h, m, cfg->n_embd, n_threads);
-    return PYLLM_OK;
+    if (status == PYLLM_OK) {  /* in place: elementwise */
+        status = run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = m,
+                                     .width = cfg->n_ff, .a = s->gate, .b = s->up, .y = s->gate}, n_threads);
+    }
+    if (status == PYLLM_OK) status = matmul(&b->w_down, s->gate, m, s->h, n_threads);
+    if (status == PYLLM_OK && b->post_ffw_norm) {
+        status = rms_norm_rows(s->h, b->post_ffw_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    }
+    return status == PYLLM_OK ? add_into(x, s->h, m, cfg->n_embd, n_threads) : status;
+}
+
+static int config_valid(const pyllm_block_config *cfg) {
+    return cfg->n_embd > 0 && cfg->n_head > 0 && cfg->n_head_kv > 0 && cfg->n_head % cfg->n_head_kv == 0 &&
+           cfg->head_dim > 0 && cfg->n_rot > 0 && cfg->n_rot <= cfg->head_dim && cfg->n_rot % 2 == 0 && cfg->n_ff > 0 &&
+           (cfg->activation == 0 || cfg->activation == 1);
 }
 
 static int shapes_agree(const pyllm_block_config *cfg, const pyllm_block *b) {
@@ -183,13 +192,15 @@ static int shapes_agree(const pyllm_block_config *cfg, const pyllm_block *b) {
 
 int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
                          const int32_t *positions, const pyllm_segment *segments, int n_segments, int n_threads) {
-    if (m <= 0 || n_layer < 0 || n_segments <= 0 || cfg->n_head <= 0 || cfg->n_head_kv <= 0 ||
-        cfg->n_head % cfg->n_head_kv != 0) {
-        return PYLLM_ERR_SHAPE;
-    }
+    if (m <= 0 || n_layer < 0 || n_segments <= 0 || !config_valid(cfg)) return PYLLM_ERR_SHAPE;
+    const int64_t kv_row = cfg->n_head_kv * cfg->head_dim;
     int64_t rows = 0;
     for (int si = 0; si < n_segments; ++si) {
         if (segments[si].row0 != rows || segments[si].n_rows <= 0) return PYLLM_ERR_SHAPE;
+        for (int i = 0; i < n_layer; ++i) {
+            const pyllm_kv_layer *kv = segments[si].kv[i];
+            if (kv == NULL || kv->k_row != kv_row || kv->v_row != kv_row) return PYLLM_ERR_SHAPE;
+        }
         rows += segments[si].n_rows;
     }
     if (rows != m) return PYLLM_ERR_SHAPE;
@@ -198,7 +209,7 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     for (int i = 0; i < n_layer; ++i) {
         if (!shapes_agree(cfg, &blocks[i])) return PYLLM_ERR_SHAPE;
     }
-    const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
+    const int64_t q_row = cfg->n_head * cfg->head_dim;
     const int64_t widths[] = {cfg->n_embd, q_row, kv_row, kv_row, q_row, cfg->n_ff, cfg->n_ff};
     int64_t total = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); ++i) total += m * widths[i];

@@ -128,6 +128,23 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_matmul(PYLLM_TYPE_Q8_K, w, 1, 256, x, 1, y, 1) == PYLLM_ERR_TYPE, "q8_K is not a weight type");
     CHECK(pyllm_matmul(PYLLM_TYPE_Q4_0, w, 1, 32, x, 1, y, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS, "threads");
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
+
+    /* transformer blocks: a bad configuration or segment list is refused before anything runs */
+    pyllm_block_config cfg = {.n_embd = 32, .n_head = 2, .n_head_kv = 2, .head_dim = 16, .n_rot = 16, .n_ff = 32,
+                              .norm_eps = 1e-6f, .attn_scale = 0.25f};
+    int32_t pos[1] = {0};
+    pyllm_segment seg = {.row0 = 0, .n_rows = 1, .positions = pos, .kv = NULL};
+    float row[32] = {0};
+    pyllm_block_config odd_rot = cfg, bad_heads = cfg;
+    odd_rot.n_rot = 15;
+    bad_heads.n_head_kv = 3;
+    CHECK(pyllm_blocks_forward(&odd_rot, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: odd n_rot");
+    CHECK(pyllm_blocks_forward(&bad_heads, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: heads");
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 2, pos, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: rows != segments");
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, pos, &seg, 1, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS,
+          "blocks: threads");
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_OK && row[0] == 0.0f,
+          "blocks: no layers leave x as it is");
 }
 
 /* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel): each output is the
