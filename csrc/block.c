@@ -195,13 +195,21 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     if (m <= 0 || n_layer < 0 || n_segments <= 0 || !config_valid(cfg)) return PYLLM_ERR_SHAPE;
     const int64_t kv_row = cfg->n_head_kv * cfg->head_dim;
     int64_t rows = 0;
-    for (int si = 0; si < n_segments; ++si) {
-        if (segments[si].row0 != rows || segments[si].n_rows <= 0) return PYLLM_ERR_SHAPE;
-        for (int i = 0; i < n_layer; ++i) {
-            const pyllm_kv_layer *kv = segments[si].kv[i];
-            if (kv == NULL || kv->k_row != kv_row || kv->v_row != kv_row) return PYLLM_ERR_SHAPE;
+    for (int si = 0; si < n_segments; ++si) {  /* nothing runs unless every sequence fits its caches */
+        const pyllm_segment *seg = &segments[si];
+        if (seg->row0 != rows || seg->n_rows <= 0 || rows + seg->n_rows > m) return PYLLM_ERR_SHAPE;
+        for (int64_t r = 0; r < seg->n_rows; ++r) {  /* the batch's positions, ascending from 0 or more */
+            if (seg->positions[r] != positions[rows + r] || seg->positions[r] < 0 ||
+                (r > 0 && seg->positions[r] <= seg->positions[r - 1])) {
+                return PYLLM_ERR_SHAPE;
+            }
         }
-        rows += segments[si].n_rows;
+        for (int i = 0; i < n_layer; ++i) {
+            const pyllm_kv_layer *kv = seg->kv[i];
+            if (kv == NULL || kv->k_row != kv_row || kv->v_row != kv_row) return PYLLM_ERR_SHAPE;
+            if (!kv->ring && seg->positions[seg->n_rows - 1] >= kv->capacity) return PYLLM_ERR_SHAPE;
+        }
+        rows += seg->n_rows;
     }
     if (rows != m) return PYLLM_ERR_SHAPE;
     if (n_threads <= 0) n_threads = pyllm_physical_cores();

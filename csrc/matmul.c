@@ -44,6 +44,7 @@ static void quantize_task(void *arg, int ith, int nth) {
     int64_t begin, end;
     split_range(job->m, ith, nth, &begin, &end);
     for (int64_t r = begin; r < end; ++r) {
+        /* cannot fail: pyllm_matmul checked the type and the row length first */
         pyllm_quantize_activations(job->type, job->x + r * job->k, job->act + r * job->act_row_bytes, job->k);
     }
 }

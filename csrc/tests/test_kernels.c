@@ -145,6 +145,12 @@ static void test_bad_arguments(void) {
           "blocks: threads");
     CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_OK && row[0] == 0.0f,
           "blocks: no layers leave x as it is");
+    int32_t other[1] = {3}, negative[1] = {-1};
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, other, &seg, 1, 1) == PYLLM_ERR_SHAPE,
+          "blocks: a segment's positions differ from the batch's");
+    seg.positions = negative;
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, negative, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: position < 0");
+    CHECK(pyllm_rope(row, pos, 1, 2, 16, 15, 10000.0f, 1.0f, 0) == PYLLM_ERR_SHAPE, "rope: odd n_rot");
 }
 
 /* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel): each output is the
