@@ -286,13 +286,6 @@ static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
-/* out[r] = lane r of v for the group's real rows */
-static inline void store_rows(__m128 v, const act_rows *group, float *out) {
-    float lanes[VEC_DOT_MAX_ROWS];
-    _mm_storeu_ps(lanes, v);
-    for (int r = 0; r < group->n_rows; ++r) out[r] = lanes[r];
-}
-
 /* Q4_0 over one or two groups of rows, its nibbles unsigned (q + 8): each block's exact sum is the unsigned
  * one less 8 * the activations' block sum (act_rows block_offsets), four rows' sums in one vector (totals4). */
 static inline __attribute__((always_inline)) void rows_q4_0(int64_t n, const void *w, const act_rows *groups,
@@ -644,27 +637,39 @@ static float vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
 }
 
 /* Q6_K over four activation rows: each superblock unpacked once, the four rows' exact sums in one vector. */
-static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+static inline __attribute__((always_inline)) void rows_q6_K(int64_t n, const void *w, const act_rows *groups,
+                                                            float *out, const int n_groups) {
     const block_q6_K *x = w;
-    const block_q8_K *y[VEC_DOT_MAX_ROWS] = {group->rows[0], group->rows[1], group->rows[2], group->rows[3]};
-    __m128 acc = _mm_setzero_ps();
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const q6_K_unpacked lo = q6_K_unpack_half(x[b].ql, x[b].qh, _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)));
         const q6_K_unpacked hi = q6_K_unpack_half(x[b].ql + 64, x[b].qh + 32,
                                                   _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8))));
-        __m256i sums[VEC_DOT_MAX_ROWS];
-        for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
-            const __m256i corr = _mm256_madd_epi16(sc16, load32(y[r][b].bsums));
-            sums[r] = _mm256_sub_epi32(_mm256_add_epi32(q6_K_half_dot(&lo, y[r][b].qs), q6_K_half_dot(&hi, y[r][b].qs + 128)),
-                                       _mm256_slli_epi32(corr, 5));
+        const __m128 d = _mm_set1_ps(half_to_float(x[b].d));
+        for (int g = 0; g < n_groups; ++g) {
+            const block_q8_K *y[VEC_DOT_MAX_ROWS];
+            __m256i sums[VEC_DOT_MAX_ROWS];
+            for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
+                y[r] = (const block_q8_K *)groups[g].rows[r] + b;
+                const __m256i corr = _mm256_madd_epi16(sc16, load32(y[r]->bsums));
+                sums[r] = _mm256_sub_epi32(_mm256_add_epi32(q6_K_half_dot(&lo, y[r]->qs), q6_K_half_dot(&hi, y[r]->qs + 128)),
+                                           _mm256_slli_epi32(corr, 5));
+            }
+            const __m128 scaled = _mm_mul_ps(d, _mm_cvtepi32_ps(totals4(sums[0], sums[1], sums[2], sums[3])));
+            acc[g] = _mm_fmadd_ps(scaled, _mm_setr_ps(y[0]->d, y[1]->d, y[2]->d, y[3]->d), acc[g]);
         }
-        const __m128 scaled = _mm_mul_ps(_mm_set1_ps(half_to_float(x[b].d)),
-                                         _mm_cvtepi32_ps(totals4(sums[0], sums[1], sums[2], sums[3])));
-        acc = _mm_fmadd_ps(scaled, _mm_setr_ps(y[0][b].d, y[1][b].d, y[2][b].d, y[3][b].d), acc);
     }
-    store_rows(acc, group, out);
+    _mm_storeu_ps(out, acc[0]);
+    if (n_groups == 2) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS, acc[1]);
+}
+
+static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    rows_q6_K(n, w, group, out, 1);
+}
+static void vec_dot_rows8_q6_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
+    rows_q6_K(n, w, group, out, 2);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1020,6 +1025,7 @@ const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows8_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows8_q4_1_avx2,
     [PYLLM_TYPE_Q5_0] = vec_dot_rows8_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows8_q5_1_avx2,
     [PYLLM_TYPE_Q8_0] = vec_dot_rows8_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows8_q4_K_avx2,
+    [PYLLM_TYPE_Q6_K] = vec_dot_rows8_q6_K_avx2,
 };
 
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
