@@ -6,7 +6,7 @@
 - vec_dot: every SIMD tier gives the generic kernel's exact bits, and every
   kernel is close to the float64 dot of the dequantized operands;
 - matmul: close to the float reference; each row bit-identical alone, in a
-  batch, at 1, 2 and 3 threads.
+  batch, at 1 to 4 threads.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def test_matmul_matches_reference_and_rows_are_invariant(type_id: GGMLType) -> N
         ref = xf.astype(np.float64) @ wf.T
         bound = 1e-5 * (np.abs(xf) @ np.abs(wf).T) + min_term_rounding(type_id, w, act) + 1e-6
         assert np.all(np.abs(y - ref) <= bound)
-        for threads in (1, 3):
+        for threads in (1, 3, 4):
             np.testing.assert_array_equal(bits(kernels.matmul(w, type_id, x, n_threads=threads)), bits(y))
         for r in range(m):
             np.testing.assert_array_equal(bits(kernels.matmul(w, type_id, x[r], n_threads=1 + r % 3)), bits(y[r]))
