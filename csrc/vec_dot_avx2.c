@@ -237,13 +237,28 @@ static inline __attribute__((always_inline)) void rows32(int64_t n, const void *
     }
 }
 
-#define ROWS32_KERNELS(suffix, fmt)                                                                           \
+/* The one-group (4-row) and two-group (8-row) entry points of a multi-row kernel body
+ * body(n, w, groups, out, n_groups). */
+#define ROWS_KERNELS(suffix, body)                                                                            \
     static void vec_dot_rows_##suffix##_avx2(int64_t n, const void *w, const act_rows *group, float *out) {  \
-        rows32(n, w, group, out, 1, fmt);                                                                     \
+        body(n, w, group, out, 1);                                                                            \
     }                                                                                                         \
     static void vec_dot_rows8_##suffix##_avx2(int64_t n, const void *w, const act_rows *group, float *out) { \
-        rows32(n, w, group, out, 2, fmt);                                                                     \
+        body(n, w, group, out, 2);                                                                            \
     }
+
+/* A group's results (lane r: row r) into out, the second group's after the first's. */
+static inline void store_groups(float *out, const __m128 *per_group, int n_groups) {
+    for (int g = 0; g < n_groups; ++g) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS * g, per_group[g]);
+}
+
+#define ROWS32_KERNELS(suffix, fmt)                                                                           \
+    static inline __attribute__((always_inline)) void rows32_##suffix(int64_t n, const void *w,             \
+                                                                      const act_rows *groups, float *out,    \
+                                                                      const int n_groups) {                  \
+        rows32(n, w, groups, out, n_groups, fmt);                                                             \
+    }                                                                                                         \
+    ROWS_KERNELS(suffix, rows32_##suffix)
 
 ROWS32_KERNELS(q4_0_lanes, FMT_Q4_0_LANES)
 ROWS32_KERNELS(q4_1, FMT_Q4_1)
@@ -307,16 +322,10 @@ static inline __attribute__((always_inline)) void rows_q4_0(int64_t n, const voi
             acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc[g]);
         }
     }
-    _mm_storeu_ps(out, acc[0]);
-    if (n_groups == 2) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS, acc[1]);
+    store_groups(out, acc, n_groups);
 }
 
-static void vec_dot_rows_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    rows_q4_0(n, w, group, out, 1);
-}
-static void vec_dot_rows8_q4_0_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    rows_q4_0(n, w, group, out, 2);
-}
+ROWS_KERNELS(q4_0, rows_q4_0)
 
 /* ------------------------------------------------------------------------ */
 /* K-quants against q8_K: exact superblock sums, then the reference's fmaf  */
@@ -503,6 +512,9 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     return acc - chained_mins;
 }
 
+/* Q4_K over four (or eight) activation rows: each superblock's nibbles and scales unpacked once; per
+ * 64-element chunk a group's four exact sums in one vector (totals4), so each chain step is one vector FMA
+ * whose lane r is row r's fmaf. */
 static inline __attribute__((always_inline)) void rows_q4_K(int64_t n, const void *w, const act_rows *groups,
                                                             float *out, const int n_groups) {
     const block_q4_K *x = w;
@@ -541,19 +553,11 @@ static inline __attribute__((always_inline)) void rows_q4_K(int64_t n, const voi
             }
         }
     }
-    _mm_storeu_ps(out, _mm_sub_ps(acc[0], mins[0]));
-    if (n_groups == 2) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS, _mm_sub_ps(acc[1], mins[1]));
+    const __m128 results[2] = {_mm_sub_ps(acc[0], mins[0]), _mm_sub_ps(acc[1], mins[1])};
+    store_groups(out, results, n_groups);
 }
 
-/* Q4_K over four (or eight) activation rows: each superblock's nibbles and scales unpacked once; per
- * 64-element chunk a group's four exact sums in one vector (totals4), so each chain step is one vector FMA
- * whose lane r is row r's fmaf. */
-static void vec_dot_rows_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    rows_q4_K(n, w, group, out, 1);
-}
-static void vec_dot_rows8_q4_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    rows_q4_K(n, w, group, out, 2);
-}
+ROWS_KERNELS(q4_K, rows_q4_K)
 
 static float vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q5_K *x = w;
@@ -661,16 +665,10 @@ static inline __attribute__((always_inline)) void rows_q6_K(int64_t n, const voi
             acc[g] = _mm_fmadd_ps(scaled, _mm_setr_ps(y[0]->d, y[1]->d, y[2]->d, y[3]->d), acc[g]);
         }
     }
-    _mm_storeu_ps(out, acc[0]);
-    if (n_groups == 2) _mm_storeu_ps(out + VEC_DOT_MAX_ROWS, acc[1]);
+    store_groups(out, acc, n_groups);
 }
 
-static void vec_dot_rows_q6_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    rows_q6_K(n, w, group, out, 1);
-}
-static void vec_dot_rows8_q6_K_avx2(int64_t n, const void *w, const act_rows *group, float *out) {
-    rows_q6_K(n, w, group, out, 2);
-}
+ROWS_KERNELS(q6_K, rows_q6_K)
 
 /* ------------------------------------------------------------------------ */
 /* float weights against activations in the same format: 8 element lanes   */
