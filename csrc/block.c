@@ -29,16 +29,19 @@ typedef struct {
     int n_rope;
 } block_scratch;
 
-/* The batch's rotation angles for layer b's rope setting, computed the first time a layer uses it;
- * NULL when out of memory. */
-static const float *rope_angles(block_scratch *s, const pyllm_block *b, const int32_t *positions, int64_t m,
-                                int64_t n_rot) {
+/* The batch's rotation angles for layer b's rope setting (each sequence's rows at their positions), computed
+ * the first time a layer uses it; NULL when out of memory. */
+static const float *rope_angles(block_scratch *s, const pyllm_block *b, const pyllm_segment *segments,
+                                int n_segments, int64_t m, int64_t n_rot) {
     for (int i = 0; i < s->n_rope; ++i) {
         if (s->rope[i].base == b->rope_base && s->rope[i].scale == b->rope_scale) return s->rope[i].angles;
     }
     float *angles = malloc((size_t)(m * n_rot) * sizeof(float));
     if (angles == NULL) return NULL;
-    pyllm_rope_angles(positions, m, n_rot, b->rope_base, b->rope_scale, angles);
+    for (int si = 0; si < n_segments; ++si) {
+        pyllm_rope_angles(segments[si].positions, segments[si].n_rows, n_rot, b->rope_base, b->rope_scale,
+                          angles + segments[si].row0 * n_rot);
+    }
     s->rope[s->n_rope++] = (rope_setting){b->rope_base, b->rope_scale, angles};
     return angles;
 }
@@ -116,7 +119,7 @@ static void scale_all(float *x, int64_t count, float scale) {
 }
 
 static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, int layer, block_scratch *s, float *x,
-                           int64_t m, const int32_t *positions, const pyllm_segment *segments, int n_segments,
+                           int64_t m, const pyllm_segment *segments, int n_segments,
                            int n_threads) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
     int status = rms_norm_rows(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
@@ -131,7 +134,7 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     if (b->k_norm && status == PYLLM_OK) {
         status = rms_norm_rows(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
     }
-    const float *cos_sin = rope_angles(s, b, positions, m, cfg->n_rot);
+    const float *cos_sin = rope_angles(s, b, segments, n_segments, m, cfg->n_rot);
     if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
     if (status == PYLLM_OK) status = rope_rows(cfg, cos_sin, s->q, m, cfg->n_head, n_threads);
     if (status == PYLLM_OK) status = rope_rows(cfg, cos_sin, s->k, m, cfg->n_head_kv, n_threads);
@@ -191,18 +194,15 @@ static int shapes_agree(const pyllm_block_config *cfg, const pyllm_block *b) {
 }
 
 int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
-                         const int32_t *positions, const pyllm_segment *segments, int n_segments, int n_threads) {
+                         const pyllm_segment *segments, int n_segments, int n_threads) {
     if (m <= 0 || n_layer < 0 || n_segments <= 0 || !config_valid(cfg)) return PYLLM_ERR_SHAPE;
     const int64_t kv_row = cfg->n_head_kv * cfg->head_dim;
     int64_t rows = 0;
     for (int si = 0; si < n_segments; ++si) {  /* nothing runs unless every sequence fits its caches */
         const pyllm_segment *seg = &segments[si];
         if (seg->row0 != rows || seg->n_rows <= 0 || rows + seg->n_rows > m) return PYLLM_ERR_SHAPE;
-        for (int64_t r = 0; r < seg->n_rows; ++r) {  /* the batch's positions, ascending from 0 or more */
-            if (seg->positions[r] != positions[rows + r] || seg->positions[r] < 0 ||
-                (r > 0 && seg->positions[r] <= seg->positions[r - 1])) {
-                return PYLLM_ERR_SHAPE;
-            }
+        for (int64_t r = 0; r < seg->n_rows; ++r) {  /* ascending from 0 or more */
+            if (seg->positions[r] < 0 || (r > 0 && seg->positions[r] <= seg->positions[r - 1])) return PYLLM_ERR_SHAPE;
         }
         for (int i = 0; i < n_layer; ++i) {
             const pyllm_kv_layer *kv = seg->kv[i];
@@ -237,7 +237,7 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     s.n_rope = 0;
     int status = s.calls == NULL || s.rope == NULL ? PYLLM_ERR_NOMEM : PYLLM_OK;
     for (int i = 0; i < n_layer && status == PYLLM_OK; ++i) {
-        status = attention_block(cfg, &blocks[i], i, &s, x, m, positions, segments, n_segments, n_threads);
+        status = attention_block(cfg, &blocks[i], i, &s, x, m, segments, n_segments, n_threads);
         if (status == PYLLM_OK) status = ffn_block(cfg, &blocks[i], &s, x, m, n_threads);
     }
     for (int i = 0; i < s.n_rope; ++i) free(s.rope[i].angles);

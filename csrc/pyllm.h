@@ -194,9 +194,9 @@ typedef struct {
 
 /* x[m, n_embd] <- the n_layer blocks applied in turn (in place), each sequence's keys and values stored
  * in its cache and attention run per sequence; the same arithmetic, step by step, as pyllm/model.py's
- * reference. positions[m] are the rows' positions (the segments' concatenated). */
+ * reference. The segments cover the rows in order. */
 int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
-                         const int32_t *positions, const pyllm_segment *segments, int n_segments, int n_threads);
+                         const pyllm_segment *segments, int n_segments, int n_threads);
 /* cffi-end */
 
 #endif /* PYLLM_H */

@@ -149,15 +149,15 @@ class _CBlocks:
             block.rope_base, block.rope_scale = cfg.layer_rope(i)
             block.window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
 
-    def forward(self, x: np.ndarray, positions: np.ndarray, segments: list[_Segment], n_threads: int | None) -> None:
+    def forward(self, x: np.ndarray, segments: list[_Segment], n_threads: int | None) -> None:
         """x (m, n_embd) float32, in place, through every layer."""
         segs = ffi.new("pyllm_segment[]", [
             {"row0": seg.rows.start, "n_rows": len(seg.tokens),
              "positions": ffi.from_buffer("int32_t[]", seg.positions), "kv": seg.cache.c_layers}
             for seg in segments])
         kernels._check(lib.pyllm_blocks_forward(
-            self.config, self.blocks, len(self.blocks), ffi.from_buffer("float[]", x), x.shape[0],
-            ffi.from_buffer("int32_t[]", positions), segs, len(segments), n_threads or 0), "transformer blocks")
+            self.config, self.blocks, len(self.blocks), ffi.from_buffer("float[]", x), x.shape[0], segs, len(segments),
+            n_threads or 0), "transformer blocks")
 
 
 class Model:
@@ -234,12 +234,12 @@ class Model:
             raise ValueError("a batch holds each sequence (cache) at most once")
 
         x = self.embed(np.concatenate([seg.tokens for seg in segments]))
-        positions = np.concatenate([seg.positions for seg in segments])
         if self.reference:
+            positions = np.concatenate([seg.positions for seg in segments])
             for i, layer in enumerate(self.weights.layers):
                 x = self._block_reference(i, layer, x, positions, segments)
         else:
-            self._c_blocks.forward(x, positions, segments, self.n_threads)
+            self._c_blocks.forward(x, segments, self.n_threads)
         for seg in segments:
             seg.cache.n_used += len(seg.tokens)
 

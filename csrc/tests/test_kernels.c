@@ -138,18 +138,19 @@ static void test_bad_arguments(void) {
     pyllm_block_config odd_rot = cfg, bad_heads = cfg;
     odd_rot.n_rot = 15;
     bad_heads.n_head_kv = 3;
-    CHECK(pyllm_blocks_forward(&odd_rot, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: odd n_rot");
-    CHECK(pyllm_blocks_forward(&bad_heads, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: heads");
-    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 2, pos, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: rows != segments");
-    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, pos, &seg, 1, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS,
+    CHECK(pyllm_blocks_forward(&odd_rot, NULL, 0, row, 1, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: odd n_rot");
+    CHECK(pyllm_blocks_forward(&bad_heads, NULL, 0, row, 1, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: heads");
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 2, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: rows != segments");
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, &seg, 1, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS,
           "blocks: threads");
-    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, pos, &seg, 1, 1) == PYLLM_OK && row[0] == 0.0f,
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, &seg, 1, 1) == PYLLM_OK && row[0] == 0.0f,
           "blocks: no layers leave x as it is");
-    int32_t other[1] = {3}, negative[1] = {-1};
-    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, other, &seg, 1, 1) == PYLLM_ERR_SHAPE,
-          "blocks: a segment's positions differ from the batch's");
-    seg.positions = negative;
-    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, row, 1, negative, &seg, 1, 1) == PYLLM_ERR_SHAPE, "blocks: position < 0");
+    int32_t negative[2] = {-1, 0}, descending[2] = {4, 3};
+    pyllm_segment two = {.row0 = 0, .n_rows = 2, .positions = negative, .kv = NULL};
+    float rows2[64] = {0};
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, rows2, 2, &two, 1, 1) == PYLLM_ERR_SHAPE, "blocks: position < 0");
+    two.positions = descending;
+    CHECK(pyllm_blocks_forward(&cfg, NULL, 0, rows2, 2, &two, 1, 1) == PYLLM_ERR_SHAPE, "blocks: positions descend");
     CHECK(pyllm_rope(row, pos, 1, 2, 16, 15, 10000.0f, 1.0f, 0) == PYLLM_ERR_SHAPE, "rope: odd n_rot");
 }
 
