@@ -304,7 +304,7 @@ def test_a_batch_of_several_sequences_gives_each_its_own_bits(tmp_path: Path, ar
 def test_c_blocks_equal_the_step_by_step_reference(tmp_path: Path, arch: str, weight_type: Q) -> None:
     """pyllm_blocks_forward (every layer in one C call) gives the bits of the reference block that runs
     each step from Python: prefill in chunks through a ring cache, a batch of two sequences, decode,
-    and the caches they leave."""
+    a prompt whose row-wise steps run on several threads, and the caches they leave."""
     path = tmp_path / f"{arch}.gguf"
     write_fixture_model(path, arch, weight_type, seed=3)
     tokens = TOKENS * 2
@@ -316,6 +316,8 @@ def test_c_blocks_equal_the_step_by_step_reference(tmp_path: Path, arch: str, we
             logits = [model.forward(tokens[:13], a, logits="all"), model.forward(tokens[:2], b, logits="all")]
             logits += [x for x in model.forward_batch([([7], a, "last"), (tokens[2:5], b, "all")]) if x is not None]
             logits += [model.forward([tok], a) for tok in (3, 9)]
+            # a prompt long enough (80 x 256 floats) that the row-wise steps are split across the threads
+            logits.append(model.forward((TOKENS * 8)[:80], model.new_cache(96, max_batch=96), logits="all"))
             runs.append((logits, a, b))
     (got, *got_caches), (want, *want_caches) = runs
     for g, w in zip(got, want, strict=True):
