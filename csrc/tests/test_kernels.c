@@ -206,7 +206,8 @@ static void test_rows_kernels_agree(void) {
     CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
 }
 
-/* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail). */
+/* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail), and
+ * so do the same rows as several sequences in one batch. */
 static void test_attention_tiers_agree(void) {
     enum { M = 3, N_KV = 17, N_HEAD = 4, N_HEAD_KV = 2, MAX_D = 72 };
     static float q[M * N_HEAD * MAX_D], ref[M * N_HEAD * MAX_D], got[M * N_HEAD * MAX_D];
@@ -230,6 +231,18 @@ static void test_attention_tiers_agree(void) {
                   PYLLM_OK, "attention tier %d", tier);
             CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * N_HEAD * d)) == 0,
                   "attention d=%d: tier %s differs from generic", d, pyllm_tier_name(tier));
+        }
+        /* the rows as three one-row sequences in one batch, on 1 to 3 threads: each row's bits as before */
+        for (int threads = 1; threads <= 3; ++threads) {
+            pyllm_attention_call calls[M];
+            for (int r = 0; r < M; ++r) {
+                calls[r] = (pyllm_attention_call){q + r * N_HEAD * d, k, v, &qpos[r], kpos, 1, N_KV, got + r * N_HEAD * d};
+            }
+            memset(got, 0, sizeof(got));
+            CHECK(pyllm_attention_batch(calls, M, N_HEAD, N_HEAD_KV, d, 0.3f, 7, 0.0f, threads) == PYLLM_OK,
+                  "attention batch");
+            CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * N_HEAD * d)) == 0,
+                  "attention d=%d as a batch of sequences, %d threads: differs", d, threads);
         }
     }
     pyllm_set_tier(saved);
