@@ -197,6 +197,15 @@ typedef struct {
  * reference. The segments cover the rows in order. */
 int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
                          const pyllm_segment *segments, int n_segments, int n_threads);
+/* A hash index over a packed list of n strings, element i being blob[offsets[i], offsets[i + 1]) (bytes,
+ * compared exactly): text -> the first element equal to it. The blob and offsets stay the caller's and
+ * must outlive the index. NULL if out of memory, n is out of range or the offsets descend;
+ * *first_repeat <- the first element equal to an earlier one, or -1 if all differ. */
+typedef struct pyllm_string_index pyllm_string_index;
+pyllm_string_index *pyllm_string_index_new(const char *blob, const int64_t *offsets, int64_t n,
+                                           int64_t *first_repeat);
+int64_t pyllm_string_index_find(const pyllm_string_index *index, const char *text, int64_t len);  /* -1: absent */
+void pyllm_string_index_free(pyllm_string_index *index);
 /* cffi-end */
 
 #endif /* PYLLM_H */

@@ -27,6 +27,7 @@ SOURCES = [
     "ops.c",
     "kvcache.c",
     "block.c",
+    "strings.c",
 ]
 
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind

@@ -25,12 +25,15 @@ import math
 import mmap
 import os
 import struct
+from array import array
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .strings import StringArray
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
@@ -242,6 +245,55 @@ class _Cursor:
                 f"{label} at offset {start} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
             ) from None
 
+    def string_array(self, what: str, count: int) -> StringArray:
+        """`count` length-prefixed UTF-8 strings, packed into one `StringArray` (no str per element)."""
+        buf, unpack, size = self.buf, _U64.unpack_from, self.size
+        start = pos = self.pos
+        lengths = array("q")   # each element's bytes
+        prefixes = array("q")  # where each length prefix sits, from `start`
+        for i in range(count):
+            if size - pos < 8:
+                self.pos = pos
+                self.u64(f"the length of {what}[{i}]")  # raises: truncated
+            n = unpack(buf, pos)[0]
+            if n > size - pos - 8:
+                self.pos = pos + 8
+                self.take(n, f"{what}[{i}]")  # raises: truncated
+            prefixes.append(pos - start)
+            lengths.append(n)
+            pos += 8 + n
+        self.pos = pos
+        offsets = np.zeros(count + 1, np.int64)  # into the packed blob, which drops the length prefixes
+        np.cumsum(np.frombuffer(lengths, np.int64), out=offsets[1:])
+        prefixes = np.frombuffer(prefixes, np.int64)
+        region = np.frombuffer(buf, np.uint8, pos - start, start)
+        in_prefix = np.zeros(len(region) + 1, np.int8)  # +1 inside a length prefix, by a running sum
+        np.add.at(in_prefix, prefixes, 1)
+        np.add.at(in_prefix, prefixes + 8, -1)
+        blob = region[np.cumsum(in_prefix[:-1], dtype=np.int8) == 0].tobytes()
+        strings = StringArray(blob, offsets)
+        if not self._packed_utf8_valid(blob, offsets):
+            for i in range(count):  # find the first bad one, for the message
+                element = strings.raw(i)
+                try:
+                    element.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    at = start + int(prefixes[i]) + 8
+                    raise self.error(f"{what}[{i}] at offset {at} is not valid UTF-8 ({exc.reason} at byte "
+                                     f"{exc.start})") from None
+        return strings
+
+    @staticmethod
+    def _packed_utf8_valid(blob: bytes, offsets: np.ndarray) -> bool:
+        """Whether every element is valid UTF-8: the whole blob is, and no element starts inside a
+        character (then each ends where the next one starts, at a character boundary too)."""
+        try:
+            blob.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        starts = offsets[:-1][np.diff(offsets) > 0]
+        return not (np.frombuffer(blob, np.uint8)[starts] & 0xC0 == 0x80).any()
+
     def value(self, vtype: int, what: str) -> Any:
         """One scalar or string metadata value of type `vtype` (arrays: see `array`)."""
         scalar = _SCALAR_STRUCTS.get(vtype)
@@ -259,8 +311,8 @@ class _Cursor:
     def array(self, what: str, depth: int) -> tuple[int, Any]:
         """An array value: (element type, elements).
 
-        Scalar elements come back as a 1-D numpy array (a copy), strings as a list of
-        str, arrays as a list of their values.
+        Scalar elements come back as a 1-D numpy array (a copy), strings as a
+        `StringArray`, arrays as a list of their values.
         """
         if depth >= MAX_ARRAY_DEPTH:
             raise self.error(f"{what} nests arrays deeper than {MAX_ARRAY_DEPTH} levels")
@@ -284,7 +336,7 @@ class _Cursor:
                 values = values.view(np.bool_)
             return etype, values
         if etype == ValueType.STRING:
-            return etype, [self.string(what, i) for i in range(count)]
+            return etype, self.string_array(what, count)
         return etype, [self.array(f"{what}[{i}]", depth + 1)[1] for i in range(count)]
 
 
@@ -296,7 +348,7 @@ class GGUFFile:
         version: the GGUF version (2 or 3).
         metadata: key -> value, in file order. Integers, floats, bools and strings
             are Python values; an array of scalars is a 1-D numpy array (a copy), an
-            array of strings a list of str, an array of arrays a list of those.
+            array of strings a `StringArray`, an array of arrays a list of those.
         metadata_types: key -> its `ValueType` id.
         array_types: for each array-valued key, the `ValueType` id of its elements.
         tensors: name -> `TensorInfo`, in file order.

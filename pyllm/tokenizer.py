@@ -32,25 +32,28 @@ import heapq
 import logging
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Mapping
 from enum import IntFlag
 from typing import Any
 
+import numpy as np
+
 from .pretokenizers import PRE_TOKENIZERS, UNSUPPORTED_PRE, PreTokenizer
+from .strings import StringArray
 
 __all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError"]
 
 log = logging.getLogger(__name__)
 
 
-def _merge_pairs(sym: list[str], priorities: Mapping[str, float], sep: str) -> list[str]:
-    """Merge adjacent symbols, the pair with the lowest priorities[left + sep + right] first (ties: leftmost),
-    while some pair has one; the merged symbols in order.
+def _merge_pairs(sym: list[str], priority: Callable[[str], float | None], sep: str) -> list[str]:
+    """Merge adjacent symbols, the pair with the lowest priority(left + sep + right) first (ties: leftmost),
+    while some pair has one (priority None: none); the merged symbols in order.
 
     A heap of candidate pairs over a linked list of symbols: SentencePiece's merge (priority = -score of the
     merged piece, sep "") and byte-level BPE's (priority = merge rank of "left right", sep " ") alike.
     """
-    priority = priorities.get
     n = len(sym)
     nxt = list(range(1, n + 1))
     nxt[-1] = -1
@@ -84,6 +87,15 @@ def _merge_pairs(sym: list[str], priorities: Mapping[str, float], sep: str) -> l
             if p is not None:
                 push(heap, (p, left, after, len(merged) + len(sym[after])))
     return [piece for piece in sym if piece]
+
+def _string_array(value: Any) -> StringArray | None:
+    """A metadata string array as a `StringArray` (a GGUF file's already is one; a list of str is packed)."""
+    if isinstance(value, StringArray):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return StringArray.from_strings(value)
+    return None
+
 
 class TokenizerError(ValueError):
     """A vocabulary pyllm cannot use, or a token id it does not have."""
@@ -315,46 +327,41 @@ class Tokenizer:
             raise self._error(f"unknown tokenizer model {model!r}")
         self.is_spm = self.model == "llama"
 
-        tokens = get("tokenizer.ggml.tokens")
-        if tokens is None:
-            raise self._error("no tokenizer.ggml.tokens in the metadata")
-        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        texts = _string_array(get("tokenizer.ggml.tokens"))
+        if texts is None:
+            if get("tokenizer.ggml.tokens") is None:
+                raise self._error("no tokenizer.ggml.tokens in the metadata")
             raise self._error("tokenizer.ggml.tokens is not an array of strings")
-        n = len(tokens)
+        n = len(texts)
         if n == 0:
             raise self._error("tokenizer.ggml.tokens is empty")
         self.n_vocab = n
-        texts = list(tokens)
-        for i, t in enumerate(texts):
-            if not t:
+        empty = np.flatnonzero(texts.lengths() == 0)
+        if len(empty):
+            for i in empty:
                 log.warning("%s: empty token at index %d", source, i)
-                texts[i] = f"[EMPTY_{i}]"
-        self._texts: list[str] = texts
-        self._token_to_id: dict[str, int] = {t: i for i, t in enumerate(texts)}
-        if len(self._token_to_id) != n:  # llama.cpp refuses such a vocabulary too
-            seen: set[str] = set()
-            for t in texts:
-                if t in seen:
-                    raise self._error(f"token text {t!r} appears more than once in tokenizer.ggml.tokens")
-                seen.add(t)
+            texts = StringArray.from_strings(t or f"[EMPTY_{i}]" for i, t in enumerate(texts))
+        # the vocabulary: id -> text, and text -> id through its index (no str or dict entry per token)
+        self._texts = texts
+        repeat = texts.first_repeat()
+        if repeat >= 0:  # llama.cpp refuses such a vocabulary too
+            raise self._error(f"token text {texts[repeat]!r} appears more than once in tokenizer.ggml.tokens")
 
         scores = get("tokenizer.ggml.scores")
-        if scores is None:
-            self._scores = [0.0] * n
-        else:
-            if len(scores) < n:
-                raise self._error(f"tokenizer.ggml.scores has {len(scores)} values for {n} tokens")
-            self._scores = [float(s) for s in (scores.tolist() if hasattr(scores, "tolist") else scores)[:n]]
+        if scores is not None and len(scores) < n:
+            raise self._error(f"tokenizer.ggml.scores has {len(scores)} values for {n} tokens")
+        # float32, as GGUF stores them and llama.cpp keeps them
+        self._scores = array("f", bytes(4 * n) if scores is None else np.asarray(scores[:n], np.float32).tobytes())
 
         types = get("tokenizer.ggml.token_type")
         if types is None:
-            attrs = [_NORMAL] * n
+            attrs = array("i", [_NORMAL]) * n
         else:
             if len(types) < n:
                 raise self._error(f"tokenizer.ggml.token_type has {len(types)} values for {n} tokens")
             type_list = types.tolist() if hasattr(types, "tolist") else list(types)
-            attrs = [_TYPE_ATTR.get(int(t), 0) for t in type_list[:n]]
-        self._attrs: list[int] = attrs
+            attrs = array("i", (_TYPE_ATTR.get(int(t), 0) for t in type_list[:n]))
+        self._attrs = attrs
 
         # -- kind-specific defaults (llama_vocab::impl::load) --
         ids: dict[str, int | None] = dict.fromkeys(
@@ -362,22 +369,19 @@ class Tokenizer:
              "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"))
         self._pre: PreTokenizer | None = None
         self.pre: str | None = None
-        self._ranks: dict[str, int] = {}
+        self._merges = StringArray.from_strings([])
         if self.is_spm:
             ids.update(bos=1, eos=2, unk=0)
             self.add_space_prefix = True
             self.add_bos = True
             self.clean_spaces = False
         else:
-            merges = get("tokenizer.ggml.merges")
-            if merges is None:
+            if get("tokenizer.ggml.merges") is None:
                 raise self._error("no tokenizer.ggml.merges in the metadata (a gpt2 vocabulary needs them)")
-            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+            merges = _string_array(get("tokenizer.ggml.merges"))
+            if merges is None:
                 raise self._error("tokenizer.ggml.merges is not an array of strings")
-            ranks: dict[str, int] = {}
-            for rank, merge in enumerate(merges):
-                ranks.setdefault(merge, rank)
-            self._ranks = ranks
+            self._merges = merges  # a merge's rank is its first index
             pre = get("tokenizer.ggml.pre")
             if not pre:
                 log.warning("%s: no tokenizer.ggml.pre, using the 'default' pre-tokenizer "
@@ -429,7 +433,7 @@ class Tokenizer:
         self._specials_user = _SpecialTable([e for e in entries if not e[2] & (_CONTROL | _UNKNOWN)])
 
         self.chat_template: str | None = get("tokenizer.chat_template")
-        self._pieces: list[bytes | None] = [None] * n
+        self._pieces: dict[int, bytes] = {}  # the rendered tokens so far
         self._byte_ids: list[int | None] | None = None
         self._bpe_word = functools.lru_cache(maxsize=1 << 16)(self._bpe_word_uncached)
 
@@ -445,7 +449,7 @@ class Tokenizer:
 
     def _find_special_tokens(self, ids: dict[str, int | None]) -> None:
         """EOT/EOM/FIM detection by text, unused marking and the end-of-generation set, as llama.cpp does."""
-        tid = self._token_to_id
+        tid = self.token_id
         attrs = self._attrs
 
         def force_control(i: int) -> None:
@@ -455,7 +459,7 @@ class Tokenizer:
 
         for name, texts in (("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), *_FIM_TEXTS.items()):
             if ids[name] is None:
-                found = next((tid[t] for t in texts if t in tid), None)
+                found = next((i for i in map(tid, texts) if i is not None), None)
                 if found is not None:
                     ids[name] = found
                     force_control(found)
@@ -466,24 +470,24 @@ class Tokenizer:
 
         eog: set[int] = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}  # type: ignore[misc]
         for text in _EOG_TEXTS:
-            i = tid.get(text)
+            i = tid(text)
             if i is not None:
                 eog.add(i)
                 force_control(i)
         for text in _ALWAYS_RENDERED:
-            i = tid.get(text)
+            i = tid(text)
             if i is not None:
                 attrs[i] = _USER_DEFINED
         for name in ("eos", "eot", "eom"):
             if ids[name] is not None:
                 eog.add(ids[name])  # type: ignore[arg-type]
         eog_texts = {self._texts[i] for i in eog}
-        end = tid.get("<|end|>")
+        end = tid("<|end|>")
         has_call = bool({"<|call|>", "<|calls|>"} & eog_texts)
         if end is not None and end in eog and has_call and ({"<|return|>", "<|flush|>"} & eog_texts):
             eog.discard(end)
             attrs[end] = _USER_DEFINED
-        eos_s = tid.get("</s>")
+        eos_s = tid("</s>")
         if eos_s is not None and eos_s in eog and {"<|tool_response>", "<|plamo:eos|>"} & eog_texts:
             eog.discard(eos_s)
             attrs[eos_s] = _NORMAL
@@ -506,24 +510,24 @@ class Tokenizer:
 
     def _mark_strip_attrs(self, model_name: str, pre: str, arch: str) -> None:
         """The per-model LSTRIP/RSTRIP attributes llama.cpp sets by model name."""
-        attrs, tid = self._attrs, self._token_to_id
+        attrs, find = self._attrs, self._texts.find
         name = model_name.lower()
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or arch in (
             "nomic-bert-moe", "jina-bert-v3"
         ):
-            if "<mask>" in tid:
-                attrs[tid["<mask>"]] |= _LSTRIP
+            if (i := find("<mask>")) >= 0:
+                attrs[i] |= _LSTRIP
         elif "phi-3" in name or "phi3" in name:
             for i, a in enumerate(attrs):
                 if a & (_CONTROL | _USER_DEFINED | _UNKNOWN):
                     attrs[i] = a | _RSTRIP
-            if "</s>" in tid:
-                attrs[tid["</s>"]] |= _RSTRIP
+            if (i := find("</s>")) >= 0:
+                attrs[i] |= _RSTRIP
             for text in ("<unk>", "<s>", "<|endoftext|>"):
-                if text in tid:
-                    attrs[tid[text]] &= ~_RSTRIP
-        elif "modern-bert" in name and "[MASK]" in tid:
-            attrs[tid["[MASK]"]] |= _LSTRIP
+                if (i := find(text)) >= 0:
+                    attrs[i] &= ~_RSTRIP
+        elif "modern-bert" in name and (i := find("[MASK]")) >= 0:
+            attrs[i] |= _LSTRIP
 
     # -- vocabulary --
 
@@ -539,7 +543,8 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id of the token whose vocabulary text is exactly `text`, or None."""
-        return self._token_to_id.get(text)
+        i = self._texts.find(text)
+        return i if i >= 0 else None
 
     def is_eog(self, token_id: int) -> bool:
         """Whether generating this token ends generation (EOS, EOT, ``<|im_end|>``, ...)."""
@@ -673,19 +678,19 @@ class Tokenizer:
         if start < len(data):
             self._spm_merge(data[start:].decode("utf-8"), out)
 
-    @functools.cached_property
-    def _spm_priorities(self) -> dict[str, float]:
-        """piece text -> -score: SentencePiece merges the best-scoring piece first."""
-        return {text: -self._scores[t] for text, t in self._token_to_id.items()}
+    def _spm_priority(self, text: str) -> float | None:
+        """-score of the token `text`, None if it is none: SentencePiece merges the best-scoring piece first."""
+        t = self._texts.find(text)
+        return -self._scores[t] if t >= 0 else None
 
     def _spm_merge(self, text: str, out: list[int]) -> None:
         """Merge characters best-score-first (ties: leftmost) while the merged text is a token."""
         if not text:
             return
-        tok = self._token_to_id
-        for piece in _merge_pairs(list(text), self._spm_priorities, ""):
-            t = tok.get(piece)
-            if t is not None:
+        find = self._texts.find
+        for piece in _merge_pairs(list(text), self._spm_priority, ""):
+            t = find(piece)
+            if t >= 0:
                 out.append(t)
             else:
                 out.extend(self._byte_token(b) for b in piece.encode("utf-8", "surrogatepass"))
@@ -696,9 +701,9 @@ class Tokenizer:
         if table is None:
             table = self._byte_ids = []
             for b in range(256):
-                t = self._token_to_id.get(f"<0x{b:02X}>")
+                t = self.token_id(f"<0x{b:02X}>")
                 if t is None and b < 0x80:
-                    t = self._token_to_id.get(chr(b))
+                    t = self.token_id(chr(b))
                 table.append(t)
         t = table[byte]
         if t is None:
@@ -715,48 +720,52 @@ class Tokenizer:
             out.extend(word_ids(word))
 
     def _bpe_word_uncached(self, word: str) -> tuple[int, ...]:
-        tok = self._token_to_id
+        find = self._texts.find
         if self._pre.byte_encode:  # type: ignore[union-attr]
             word = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_LATIN1_TO_ALPHABET)
         if self._pre.ignore_merges:  # type: ignore[union-attr]
-            t = tok.get(word)
-            if t is not None:
+            t = find(word)
+            if t >= 0:
                 return (t,)
         parts = self._bpe_merge(word) if len(word) <= 48 else self._bpe_merge_long(word)
         ids: list[int] = []
         for part in parts:
-            t = tok.get(part)
-            if t is not None:
+            t = find(part)
+            if t >= 0:
                 ids.append(t)
             else:
                 # llama.cpp looks the part up byte by byte; only ASCII bytes can be tokens
-                ids.extend(tok[c] for c in part if c < "\x80" and c in tok)
+                ids.extend(t for c in part if c < "\x80" and (t := find(c)) >= 0)
         return tuple(ids)
 
     def _bpe_merge(self, word: str) -> list[str]:
         """Merge the lowest-ranked adjacent pair (ties: leftmost) until no pair has a rank."""
-        ranks = self._ranks
+        rank = self._merges.find
         syms = list(word)
         while len(syms) > 1:
-            best, best_i = None, -1
+            best, best_i = -1, -1
             for i in range(len(syms) - 1):
-                r = ranks.get(syms[i] + " " + syms[i + 1])
-                if r is not None and (best is None or r < best):
+                r = rank(syms[i] + " " + syms[i + 1])
+                if r >= 0 and (best < 0 or r < best):
                     best, best_i = r, i
             if best_i < 0:
                 break
             syms[best_i : best_i + 2] = [syms[best_i] + syms[best_i + 1]]
         return syms
 
+    def _bpe_rank(self, pair: str) -> int | None:
+        r = self._merges.find(pair)
+        return r if r >= 0 else None
+
     def _bpe_merge_long(self, word: str) -> list[str]:
         """`_bpe_merge` with a priority queue, for long words."""
-        return _merge_pairs(list(word), self._ranks, " ")
+        return _merge_pairs(list(word), self._bpe_rank, " ")
 
     # -- decoding --
 
     def _piece(self, i: int) -> bytes:
         """The token's bytes as llama.cpp caches them (the `special=True` rendering)."""
-        piece = self._pieces[i]
+        piece = self._pieces.get(i)
         if piece is None:
             attr, text = self._attrs[i], self._texts[i]
             if attr & (_UNKNOWN | _CONTROL | _USER_DEFINED):

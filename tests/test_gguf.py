@@ -439,6 +439,13 @@ def test_bool_array_must_be_0_or_1(tmp_path: Path) -> None:
     assert_rejected(write(tmp_path / "b.gguf", data), "metadata 'b' holds a bool that is not 0 or 1")
 
 
+def test_string_array_element_that_splits_a_character(tmp_path: Path) -> None:
+    # Packed, the elements are b"\xc3\xbc" = "ü", valid as a whole: each element is still checked.
+    for elements, bad in (([b"ok", b"\xc3", b"\xbc"], 1), ([b"\xbc", b"x"], 0), ([b"a\xc3", b"", b"\xbc"], 0)):
+        data = build_gguf([("s", VT.ARRAY, (VT.STRING, elements))], []).data
+        assert_rejected(write(tmp_path / "s.gguf", data), rf"metadata 's'\[{bad}\] at offset \d+ is not valid UTF-8")
+
+
 SECTION_BOUNDARIES = [
     "version", "tensor_count", "kv_count",
     *(f"kv{i}" for i in range(len(SCALARS))), *(f"kv{i}.value" for i in range(len(SCALARS))),

@@ -4,7 +4,8 @@
  *   1. every SIMD tier's vec_dot gives the same bits as the generic one, on
  *      random blocks of every weight type and lengths of 1..9 blocks;
  *   2. every vec_dot is close to the float dot of the dequantized inputs;
- *   3. matmul rows are bit-identical whatever M and the thread count.
+ *   3. matmul rows are bit-identical whatever M and the thread count;
+ *   4. the string index finds what a linear search finds.
  * Prints "N passed, N failed" last.
  */
 #include <math.h>
@@ -465,6 +466,34 @@ static void test_pool_team_sizes(void) {
           "thread pool: %d tasks ran a wrong number of times, %d stale runs, %d errors", bad_runs, stale, errors);
 }
 
+/* The string index against a linear search: first match, repeats, the empty string, absent texts. */
+static void test_string_index(void) {
+    const char *texts[] = {"ab", "a", "", "abc", "a", "\xe2\x96\x81x", "", "b"};
+    const int64_t n = sizeof(texts) / sizeof(texts[0]);
+    char blob[64];
+    int64_t offsets[sizeof(texts) / sizeof(texts[0]) + 1] = {0};
+    for (int64_t i = 0; i < n; ++i) {
+        const size_t len = strlen(texts[i]);
+        memcpy(blob + offsets[i], texts[i], len);
+        offsets[i + 1] = offsets[i] + (int64_t)len;
+    }
+    int64_t first_repeat = 0;
+    pyllm_string_index *index = pyllm_string_index_new(blob, offsets, n, &first_repeat);
+    CHECK(index != NULL && first_repeat == 4, "string index: first repeat %lld", (long long)first_repeat);
+    const char *queries[] = {"ab", "a", "", "abc", "\xe2\x96\x81x", "b", "abcd", "ba", "\xe2\x96\x81"};
+    for (size_t q = 0; index != NULL && q < sizeof(queries) / sizeof(queries[0]); ++q) {
+        int64_t want = -1;
+        for (int64_t i = 0; i < n && want < 0; ++i) {
+            if (strcmp(texts[i], queries[q]) == 0) want = i;
+        }
+        const int64_t got = pyllm_string_index_find(index, queries[q], (int64_t)strlen(queries[q]));
+        CHECK(got == want, "string index: %s -> %lld, want %lld", queries[q], (long long)got, (long long)want);
+    }
+    pyllm_string_index_free(index);
+    const int64_t descending[] = {0, 2, 1};
+    CHECK(pyllm_string_index_new(blob, descending, 2, &first_repeat) == NULL, "string index: descending offsets");
+}
+
 int main(void) {
     printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
     test_tiers_agree();
@@ -475,6 +504,7 @@ int main(void) {
     test_op_kernels_agree();
     test_kv_cache_layer();
     test_rows_kernels_agree();
+    test_string_index();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
