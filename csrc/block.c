@@ -163,16 +163,24 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     return status == PYLLM_OK ? add_into(x, s->h, m, cfg->n_embd, n_threads) : status;
 }
 
+/* The FFN runs over at most this many rows at a time: its two n_ff-wide intermediates are the widest
+ * scratch of a prompt (SmolLM2: 6 MiB for 512 rows), and every step of it is row by row. */
+#define FFN_CHUNK_ROWS 64
+
 static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_scratch *s, float *x, int64_t m,
                      int n_threads) {
     int status = rms_norm_rows(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    if (status == PYLLM_OK) status = matmul(&b->w_gate, s->h, m, s->gate, n_threads);
-    if (status == PYLLM_OK) status = matmul(&b->w_up, s->h, m, s->up, n_threads);
-    if (status == PYLLM_OK) {  /* in place: elementwise */
-        status = run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = m,
-                                     .width = cfg->n_ff, .a = s->gate, .b = s->up, .y = s->gate}, n_threads);
+    for (int64_t r0 = 0; r0 < m && status == PYLLM_OK; r0 += FFN_CHUNK_ROWS) {
+        const int64_t rows = m - r0 < FFN_CHUNK_ROWS ? m - r0 : FFN_CHUNK_ROWS;
+        float *h = s->h + r0 * cfg->n_embd;  /* these rows' input, then (once gate and up have read it) output */
+        status = matmul(&b->w_gate, h, rows, s->gate, n_threads);
+        if (status == PYLLM_OK) status = matmul(&b->w_up, h, rows, s->up, n_threads);
+        if (status == PYLLM_OK) {  /* in place: elementwise */
+            status = run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = rows,
+                                         .width = cfg->n_ff, .a = s->gate, .b = s->up, .y = s->gate}, n_threads);
+        }
+        if (status == PYLLM_OK) status = matmul(&b->w_down, s->gate, rows, h, n_threads);
     }
-    if (status == PYLLM_OK) status = matmul(&b->w_down, s->gate, m, s->h, n_threads);
     if (status == PYLLM_OK && b->post_ffw_norm) {
         status = rms_norm_rows(s->h, b->post_ffw_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     }
@@ -218,9 +226,11 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
         if (!shapes_agree(cfg, &blocks[i])) return PYLLM_ERR_SHAPE;
     }
     const int64_t q_row = cfg->n_head * cfg->head_dim;
+    const int64_t ffn_rows = m < FFN_CHUNK_ROWS ? m : FFN_CHUNK_ROWS;
     const int64_t widths[] = {cfg->n_embd, q_row, kv_row, kv_row, q_row, cfg->n_ff, cfg->n_ff};
+    const int64_t heights[] = {m, m, m, m, m, ffn_rows, ffn_rows};
     int64_t total = 0;
-    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); ++i) total += m * widths[i];
+    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); ++i) total += heights[i] * widths[i];
     float *buffer = malloc((size_t)total * sizeof(float));
     if (buffer == NULL) return PYLLM_ERR_NOMEM;
     block_scratch s;
@@ -230,7 +240,7 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     s.k = p, p += m * widths[2];
     s.v = p, p += m * widths[3];
     s.attn = p, p += m * widths[4];
-    s.gate = p, p += m * widths[5];
+    s.gate = p, p += ffn_rows * widths[5];
     s.up = p;
     s.calls = malloc((size_t)n_segments * sizeof(pyllm_attention_call));
     s.rope = malloc((size_t)(n_layer > 0 ? n_layer : 1) * sizeof(rope_setting));
