@@ -491,25 +491,36 @@ static inline __m256i q4_K_chunk_dot(const q4_K_chunk *u, const int8_t *a) {
     return _mm256_add_epi32(chunk_dot(u->lo, a, u->scale_lo), chunk_dot(u->hi, a + 32, u->scale_hi));
 }
 
+/* The generic order: per 64-element chunk, acc = fmaf(sum, d * yd, acc) and mins = fmaf(min term, dmin * yd, mins).
+ * A superblock's four chunk sums come from one transpose (totals4), its four min terms from one hadd, and
+ * each chunk's two chain steps are lanes 0 and 1 of one FMA. */
 static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
     const block_q4_K *x = w;
     const block_q8_K *y = act;
-    float acc = 0.0f, chained_mins = 0.0f;
+    __m128 chains = _mm_setzero_ps();  /* lane 0: acc, lane 1: mins */
     for (int64_t b = 0; b < n / QK_K; ++b) {
         prefetch_superblock(x + b, sizeof(x[b]));
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
-        int32_t min_terms[8];  /* group g's min * activation sum */
-        _mm256_storeu_si256((__m256i *)min_terms, k4_mins_product(scales_mins, &y[b]));
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
         const int8_t *a = y[b].qs;
-        const float scale = half_to_float(x[b].d) * y[b].d, scale_min = half_to_float(x[b].dmin) * y[b].d;
+        __m256i dots[4];
         for (int c = 0; c < 4; ++c) {
             const q4_K_chunk u = q4_K_unpack_chunk(&x[b], scales, c);
-            acc = fmaf((float)hsum_i32x8(q4_K_chunk_dot(&u, a + 64 * c)), scale, acc);
-            chained_mins = fmaf((float)(min_terms[2 * c] + min_terms[2 * c + 1]), scale_min, chained_mins);
+            dots[c] = q4_K_chunk_dot(&u, a + 64 * c);
         }
+        const __m128 sums = _mm_cvtepi32_ps(totals4(dots[0], dots[1], dots[2], dots[3]));
+        /* chunk c's min term is group lanes 2c + 2c+1: paired by hadd, the two halves' pairs gathered */
+        const __m256i pairs = _mm256_hadd_epi32(k4_mins_product(scales_mins, &y[b]), _mm256_setzero_si256());
+        const __m128 mins = _mm_cvtepi32_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(pairs, 0x08)));
+        const __m128 lo = _mm_unpacklo_ps(sums, mins), hi = _mm_unpackhi_ps(sums, mins);  /* [s0 m0 s1 m1] [s2 m2 s3 m3] */
+        const float yd = y[b].d;
+        const __m128 scale = _mm_setr_ps(half_to_float(x[b].d) * yd, half_to_float(x[b].dmin) * yd, 0.0f, 0.0f);
+        chains = _mm_fmadd_ps(lo, scale, chains);
+        chains = _mm_fmadd_ps(_mm_movehl_ps(lo, lo), scale, chains);
+        chains = _mm_fmadd_ps(hi, scale, chains);
+        chains = _mm_fmadd_ps(_mm_movehl_ps(hi, hi), scale, chains);
     }
-    return acc - chained_mins;
+    return _mm_cvtss_f32(chains) - _mm_cvtss_f32(_mm_movehdup_ps(chains));
 }
 
 /* Q4_K over four (or eight) activation rows: each superblock's nibbles and scales unpacked once; per
