@@ -88,6 +88,7 @@ def _merge_pairs(sym: list[str], priority: Callable[[str], float | None], sep: s
                 push(heap, (p, left, after, len(merged) + len(sym[after])))
     return [piece for piece in sym if piece]
 
+
 def _string_array(value: Any) -> StringArray | None:
     """A metadata string array as a `StringArray` (a GGUF file's already is one; a list of str is packed)."""
     if isinstance(value, StringArray):
