@@ -1021,21 +1021,17 @@ const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weig
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
                                      to_half_avx2};
 
-const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_0] = vec_dot_rows_q4_0_avx2,
-    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows_q4_1_avx2,
-    [PYLLM_TYPE_Q5_0] = vec_dot_rows_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows_q5_1_avx2,
-    [PYLLM_TYPE_Q8_0] = vec_dot_rows_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows_q4_K_avx2,
-    [PYLLM_TYPE_Q6_K] = vec_dot_rows_q6_K_avx2,
-};
+/* The types with multi-row kernels: each has both the one-group (rows) and the two-group (rows8) entry point. */
+#define ROWS_TABLE(kind)                                                                                      \
+    {                                                                                                         \
+        [PYLLM_TYPE_Q4_0] = vec_dot_##kind##_q4_0_avx2, [PYLLM_TYPE_Q4_0_LANES] = vec_dot_##kind##_q4_0_lanes_avx2, \
+        [PYLLM_TYPE_Q4_1] = vec_dot_##kind##_q4_1_avx2, [PYLLM_TYPE_Q5_0] = vec_dot_##kind##_q5_0_avx2,       \
+        [PYLLM_TYPE_Q5_1] = vec_dot_##kind##_q5_1_avx2, [PYLLM_TYPE_Q8_0] = vec_dot_##kind##_q8_0_avx2,       \
+        [PYLLM_TYPE_Q4_K] = vec_dot_##kind##_q4_K_avx2, [PYLLM_TYPE_Q6_K] = vec_dot_##kind##_q6_K_avx2,       \
+    }
 
-const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_0] = vec_dot_rows8_q4_0_avx2,
-    [PYLLM_TYPE_Q4_0_LANES] = vec_dot_rows8_q4_0_lanes_avx2, [PYLLM_TYPE_Q4_1] = vec_dot_rows8_q4_1_avx2,
-    [PYLLM_TYPE_Q5_0] = vec_dot_rows8_q5_0_avx2, [PYLLM_TYPE_Q5_1] = vec_dot_rows8_q5_1_avx2,
-    [PYLLM_TYPE_Q8_0] = vec_dot_rows8_q8_0_avx2, [PYLLM_TYPE_Q4_K] = vec_dot_rows8_q4_K_avx2,
-    [PYLLM_TYPE_Q6_K] = vec_dot_rows8_q6_K_avx2,
-};
+const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = ROWS_TABLE(rows);
+const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = ROWS_TABLE(rows8);
 
 #else /* not x86-64 with GCC or clang: no kernels of this tier */
 
