@@ -233,17 +233,17 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return _U64.unpack_from(self.buf, self.take(8, what))[0]
 
-    def string(self, what: str, index: int | None = None) -> str:
-        """A length-prefixed UTF-8 string; `index` (of an array element) joins `what` in errors."""
-        label = what if index is None else f"{what}[{index}]"
-        n = self.u64(f"the length of {label}")
-        start = self.take(n, label)
+    def string(self, what: str) -> str:
+        """A length-prefixed UTF-8 string."""
+        n = self.u64(f"the length of {what}")
+        start = self.take(n, what)
         try:
             return self.buf[start : start + n].decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise self.error(
-                f"{label} at offset {start} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-            ) from None
+            raise self.utf8_error(what, start, exc) from None
+
+    def utf8_error(self, what: str, start: int, exc: UnicodeDecodeError) -> GGUFError:
+        return self.error(f"{what} at offset {start} is not valid UTF-8 ({exc.reason} at byte {exc.start})")
 
     def string_array(self, what: str, count: int) -> StringArray:
         """`count` length-prefixed UTF-8 strings, packed into one `StringArray` (no str per element)."""
@@ -278,9 +278,7 @@ class _Cursor:
                 try:
                     element.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    at = start + int(prefixes[i]) + 8
-                    raise self.error(f"{what}[{i}] at offset {at} is not valid UTF-8 ({exc.reason} at byte "
-                                     f"{exc.start})") from None
+                    raise self.utf8_error(f"{what}[{i}]", start + int(prefixes[i]) + 8, exc) from None
         return strings
 
     @staticmethod

@@ -104,9 +104,7 @@ class StringArray(Sequence[str]):
         return isinstance(text, str | bytes) and self.find(text) >= 0
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, StringArray):
-            return self._blob == other._blob and np.array_equal(self._offsets, other._offsets)
-        if isinstance(other, list | tuple):
+        if isinstance(other, StringArray | list | tuple):
             return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 

@@ -511,23 +511,23 @@ class Tokenizer:
 
     def _mark_strip_attrs(self, model_name: str, pre: str, arch: str) -> None:
         """The per-model LSTRIP/RSTRIP attributes llama.cpp sets by model name."""
-        attrs, find = self._attrs, self._texts.find
+        attrs, tid = self._attrs, self.token_id
         name = model_name.lower()
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or arch in (
             "nomic-bert-moe", "jina-bert-v3"
         ):
-            if (i := find("<mask>")) >= 0:
+            if (i := tid("<mask>")) is not None:
                 attrs[i] |= _LSTRIP
         elif "phi-3" in name or "phi3" in name:
             for i, a in enumerate(attrs):
                 if a & (_CONTROL | _USER_DEFINED | _UNKNOWN):
                     attrs[i] = a | _RSTRIP
-            if (i := find("</s>")) >= 0:
+            if (i := tid("</s>")) is not None:
                 attrs[i] |= _RSTRIP
             for text in ("<unk>", "<s>", "<|endoftext|>"):
-                if (i := find(text)) >= 0:
+                if (i := tid(text)) is not None:
                     attrs[i] &= ~_RSTRIP
-        elif "modern-bert" in name and (i := find("[MASK]")) >= 0:
+        elif "modern-bert" in name and (i := tid("[MASK]")) is not None:
             attrs[i] |= _LSTRIP
 
     # -- vocabulary --
