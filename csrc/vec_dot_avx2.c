@@ -119,9 +119,9 @@ static inline __m256i lanes_unsigned(__m256i q, const int8_t *a) {
  * every block here is at least 8 bytes long. */
 static inline __m128 block_halves(const void *block) { return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)block)); }
 
-/* Weights stream through the single-row (decode) kernels from memory: ask for them 1 KB ahead
+/* Weights stream through the single-row (decode) kernels from memory: ask for them 3 KB ahead
  * (prefetch_ahead: a block shorter than a cache line; prefetch_superblock: each line of a K-quant's). */
-static inline void prefetch_ahead(const void *p) { _mm_prefetch((const char *)p + 1024, _MM_HINT_T0); }
+static inline void prefetch_ahead(const void *p) { _mm_prefetch((const char *)p + 3072, _MM_HINT_T0); }
 static inline void prefetch_superblock(const void *p, size_t bytes) {
     for (size_t offset = 0; offset < bytes; offset += 64) prefetch_ahead((const char *)p + offset);
 }
@@ -504,6 +504,7 @@ static float vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *act) {
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
         const int8_t *a = y[b].qs;
         __m256i dots[4];
+#pragma GCC unroll 4  /* dots in registers: left rolled, GCC keeps them on the stack (20% slower) */
         for (int c = 0; c < 4; ++c) {
             const q4_K_chunk u = q4_K_unpack_chunk(&x[b], scales, c);
             dots[c] = q4_K_chunk_dot(&u, a + 64 * c);
