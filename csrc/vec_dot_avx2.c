@@ -120,9 +120,13 @@ static inline __m256i lanes_unsigned(__m256i q, const int8_t *a) {
 static inline __m128 block_halves(const void *block) { return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)block)); }
 
 /* Weights stream through the single-row (decode) kernels from memory: ask for them 3 KB ahead
- * (prefetch_ahead: a block shorter than a cache line; prefetch_superblock: each line of a K-quant's). */
-static inline void prefetch_ahead(const void *p) { _mm_prefetch((const char *)p + 3072, _MM_HINT_T0); }
-static inline void prefetch_superblock(const void *p, size_t bytes) {
+ * (prefetch_ahead: a block shorter than a cache line; prefetch_superblock: each line of a K-quant's).
+ * Always inlined: GCC takes a prefetch for a function without effects and drops a call to one that
+ * an always_inline caller left out of line. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const void *p) {
+    _mm_prefetch((const char *)p + 3072, _MM_HINT_T0);
+}
+static inline __attribute__((always_inline)) void prefetch_superblock(const void *p, size_t bytes) {
     for (size_t offset = 0; offset < bytes; offset += 64) prefetch_ahead((const char *)p + offset);
 }
 
@@ -308,6 +312,7 @@ static inline __attribute__((always_inline)) void rows_q4_0(int64_t n, const voi
     const block_q4_0 *x = w;
     __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};  /* lane r: row r's chain */
     for (int64_t b = 0; b < n / QK32; ++b) {
+        if (n_groups == 1) prefetch_ahead(x + b);  /* a decode batch: weights from memory */
         const __m256i u = unpack_nibbles32(x[b].qs);
         const __m128 d = _mm_broadcastss_ps(block_halves(x + b));
 #pragma GCC unroll 2
@@ -532,6 +537,7 @@ static inline __attribute__((always_inline)) void rows_q4_K(int64_t n, const voi
     const block_q4_K *x = w;
     __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, mins[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        if (n_groups == 1) prefetch_superblock(x + b, sizeof(x[b]));  /* a decode batch: weights from memory */
         const __m128i scales_mins = k4_scales_mins(x[b].scales);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
         const __m128 d = _mm_set1_ps(half_to_float(x[b].d)), dmin = _mm_set1_ps(half_to_float(x[b].dmin));
@@ -658,6 +664,7 @@ static inline __attribute__((always_inline)) void rows_q6_K(int64_t n, const voi
     const block_q6_K *x = w;
     __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        if (n_groups == 1) prefetch_superblock(x + b, sizeof(x[b]));  /* a decode batch: weights from memory */
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const q6_K_unpacked lo = q6_K_unpack_half(x[b].ql, x[b].qh, _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)));
