@@ -724,6 +724,7 @@ static inline __m256 halves_to_floats8(const fp16_t *h) { return _mm256_cvtph_ps
 
 /* The lanes of acc, then the tail elements from i on, reduced as the generic kernel reduces them. */
 static inline float attention_finish(__m256 acc, const float *q, const fp16_t *k, int64_t i, int64_t d) {
+    if (i == d) return lanes_total(acc);  /* no tail: the same tree in registers */
     float lane[8];
     _mm256_storeu_ps(lane, acc);
     for (; i < d; ++i) lane[i % 8] = fmaf(q[i], half_to_float(k[i]), lane[i % 8]);

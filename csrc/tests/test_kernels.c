@@ -207,43 +207,63 @@ static void test_rows_kernels_agree(void) {
     CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
 }
 
-/* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail), and
- * so do the same rows as several sequences in one batch. */
+/* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail, 1 to 8
+ * heads a KV head), and so do the same rows as several sequences in one batch on 1 to 3 threads (which
+ * hands out heads in groups of other sizes). */
 static void test_attention_tiers_agree(void) {
-    enum { M = 3, N_KV = 17, N_HEAD = 4, N_HEAD_KV = 2, MAX_D = 72 };
-    static float q[M * N_HEAD * MAX_D], ref[M * N_HEAD * MAX_D], got[M * N_HEAD * MAX_D];
-    static uint16_t k[N_KV * N_HEAD_KV * MAX_D], v[N_KV * N_HEAD_KV * MAX_D];
+    enum { M = 3, N_KV = 17, MAX_HEAD = 8, MAX_D = 72 };
+    static float q[M * MAX_HEAD * MAX_D], ref[M * MAX_HEAD * MAX_D], got[M * MAX_HEAD * MAX_D];
+    static uint16_t k[N_KV * MAX_HEAD * MAX_D], v[N_KV * MAX_HEAD * MAX_D], k_own[N_KV * MAX_HEAD * MAX_D],
+        v_own[N_KV * MAX_HEAD * MAX_D];
+    const int heads[][2] = {{4, 2}, {8, 1}, {7, 1}, {6, 3}, {3, 3}};  /* n_head, n_head_kv */
     const int32_t qpos[M] = {0, 9, 16};
     int32_t kpos[N_KV];
     for (int t = 0; t < N_KV; ++t) kpos[t] = t == 5 ? -1 : t;
     const int saved = pyllm_active_tier();
-    for (int d = 4; d <= MAX_D; d += 17) {  /* 4, 21, 38, 55, 72 */
-        for (int i = 0; i < M * N_HEAD * d; ++i) q[i] = rng_float(-2, 2);
-        for (int i = 0; i < N_KV * N_HEAD_KV * d; ++i) {
-            k[i] = fp32_to_fp16(rng_float(-2, 2));
-            v[i] = fp32_to_fp16(rng_float(-2, 2));
-        }
-        pyllm_set_tier(PYLLM_TIER_GENERIC);
-        CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, N_HEAD, N_HEAD_KV, d, 0.3f, 7, 0.0f, ref, 2) == PYLLM_OK,
-              "attention generic d=%d", d);
-        for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-            pyllm_set_tier(tier);
-            CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, N_HEAD, N_HEAD_KV, d, 0.3f, 7, 0.0f, got, 2) ==
-                  PYLLM_OK, "attention tier %d", tier);
-            CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * N_HEAD * d)) == 0,
-                  "attention d=%d: tier %s differs from generic", d, pyllm_tier_name(tier));
-        }
-        /* the rows as three one-row sequences in one batch, on 1 to 3 threads: each row's bits as before */
-        for (int threads = 1; threads <= 3; ++threads) {
-            pyllm_attention_call calls[M];
-            for (int r = 0; r < M; ++r) {
-                calls[r] = (pyllm_attention_call){q + r * N_HEAD * d, k, v, &qpos[r], kpos, 1, N_KV, got + r * N_HEAD * d};
+    for (int hi = 0; hi < 5; ++hi) {
+        const int n_head = heads[hi][0], n_head_kv = heads[hi][1];
+        for (int d = 4; d <= MAX_D; d += 17) {  /* 4, 21, 38, 55, 72 */
+            for (int i = 0; i < M * n_head * d; ++i) q[i] = rng_float(-2, 2);
+            for (int i = 0; i < N_KV * n_head_kv * d; ++i) {
+                k[i] = fp32_to_fp16(rng_float(-2, 2));
+                v[i] = fp32_to_fp16(rng_float(-2, 2));
             }
-            memset(got, 0, sizeof(got));
-            CHECK(pyllm_attention_batch(calls, M, N_HEAD, N_HEAD_KV, d, 0.3f, 7, 0.0f, threads) == PYLLM_OK,
-                  "attention batch");
-            CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * N_HEAD * d)) == 0,
-                  "attention d=%d as a batch of sequences, %d threads: differs", d, threads);
+            pyllm_set_tier(PYLLM_TIER_GENERIC);
+            CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, n_head, n_head_kv, d, 0.3f, 7, 0.0f, ref, 2) ==
+                      PYLLM_OK, "attention generic d=%d", d);
+            /* the same with every head's KV head copied out for it alone (one head a KV head, so one head an item) */
+            const int group = n_head / n_head_kv;
+            for (int t = 0; t < N_KV; ++t) {
+                for (int h = 0; h < n_head; ++h) {
+                    memcpy(k_own + (t * n_head + h) * d, k + (t * n_head_kv + h / group) * d, sizeof(uint16_t) * (size_t)d);
+                    memcpy(v_own + (t * n_head + h) * d, v + (t * n_head_kv + h / group) * d, sizeof(uint16_t) * (size_t)d);
+                }
+            }
+            CHECK(pyllm_attention(q, k_own, v_own, qpos, kpos, M, N_KV, n_head, n_head, d, 0.3f, 7, 0.0f, got, 1) ==
+                      PYLLM_OK, "attention, a KV head per head");
+            CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * n_head * d)) == 0,
+                  "attention %d/%d heads d=%d: differs from each head alone", n_head, n_head_kv, d);
+            for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+                pyllm_set_tier(tier);
+                CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, n_head, n_head_kv, d, 0.3f, 7, 0.0f, got, 2) ==
+                          PYLLM_OK, "attention tier %d", tier);
+                CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * n_head * d)) == 0,
+                      "attention %d/%d heads d=%d: tier %s differs from generic", n_head, n_head_kv, d,
+                      pyllm_tier_name(tier));
+            }
+            for (int threads = 1; threads <= 3; ++threads) {
+                pyllm_attention_call calls[M];
+                for (int r = 0; r < M; ++r) {
+                    calls[r] = (pyllm_attention_call){q + r * n_head * d, k, v, &qpos[r], kpos, 1, N_KV,
+                                                      got + r * n_head * d};
+                }
+                memset(got, 0, sizeof(got));
+                CHECK(pyllm_attention_batch(calls, M, n_head, n_head_kv, d, 0.3f, 7, 0.0f, threads) == PYLLM_OK,
+                      "attention batch");
+                CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * n_head * d)) == 0,
+                      "attention %d/%d heads d=%d as a batch of sequences, %d threads: differs", n_head, n_head_kv,
+                      d, threads);
+            }
         }
     }
     pyllm_set_tier(saved);
