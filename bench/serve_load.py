@@ -103,18 +103,23 @@ def stream_completion(url: str, body: dict, headers: dict) -> Result:
 
 def run_load(url: str, label: str, clients: int, texts: list[str], max_tokens: int, bias: dict, model: str) -> Run:
     results: list[Result | None] = [None] * len(texts)
+    errors: list[Exception] = []
     next_index = iter(range(len(texts)))
     lock = threading.Lock()
 
     def client() -> None:
         while True:
             with lock:
-                i = next(next_index, None)
+                i = None if errors else next(next_index, None)
             if i is None:
                 return
             body = {"model": model, "prompt": texts[i], "max_tokens": max_tokens, "temperature": 0, "stream": True,
                     "stream_options": {"include_usage": True}, "logit_bias": bias, "cache_prompt": True}
-            results[i] = stream_completion(url, body, {})
+            try:
+                results[i] = stream_completion(url, body, {})
+            except Exception as e:  # the run stops; the first failure is reported
+                with lock:
+                    errors.append(e)
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -122,6 +127,8 @@ def run_load(url: str, label: str, clients: int, texts: list[str], max_tokens: i
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise SystemExit(f"serve_load: a request to {url} failed: {errors[0]}")
     run = Run(label, clients, time.perf_counter() - started)
     run.results = [r for r in results if r is not None]
     return run
@@ -201,7 +208,8 @@ def main() -> None:
     parser.add_argument("--prompts", choices=["mixed", "short"], default="mixed",
                         help="prompt lengths: mixed (short, medium, long) or short only (decode-bound)")
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server, to measure side by side")
-    parser.add_argument("--url", help="measure this running server instead of starting servers")
+    parser.add_argument("--url", help="measure this running server (its root, e.g. http://127.0.0.1:8080) instead of "
+                        "starting servers")
     args = parser.parse_args()
 
     model = catalogue.resolve(args.model)
@@ -213,6 +221,13 @@ def main() -> None:
     kinds = [("pyllm", None)] + ([("llama.cpp", args.llama_server)] if args.llama_server else [])
     if args.url:
         kinds = [("server", None)]
+    served_name = "bench"  # the alias the servers started here get
+    if args.url:  # a running server: ask it what its model is called
+        response = httpx.get(args.url.rstrip("/") + "/v1/models", timeout=10)
+        if response.status_code != 200 or not response.json().get("data"):
+            raise SystemExit(f"serve_load: {args.url} has no /v1/models list (HTTP {response.status_code}); "
+                             "--url takes the server's root, e.g. http://127.0.0.1:8080")
+        served_name = response.json()["data"][0]["id"]
     summary = []
     for kind, binary in kinds:
         reference: list[str] | None = None
@@ -220,12 +235,12 @@ def main() -> None:
         for clients in counts:
             proc = None
             if args.url:
-                url = args.url
+                url = args.url.rstrip("/")
             else:
                 proc, url = start_server(kind, binary, model, clients, args.threads, args.n_ctx)
             try:
-                run_load(url, kind, 1, texts[:1], 4, bias, "bench")  # warm-up
-                run = run_load(url, f"{kind}", clients, texts, args.max_tokens, bias, "bench")
+                run_load(url, kind, 1, texts[:1], 4, bias, served_name)  # warm-up
+                run = run_load(url, f"{kind}", clients, texts, args.max_tokens, bias, served_name)
                 report(run)
                 answers = [r.text for r in run.results]
                 same = None if reference is None else sum(a == b for a, b in zip(answers, reference, strict=False))
@@ -237,7 +252,7 @@ def main() -> None:
                         f"TTFT p99 {1e3 * ttft_p99:6.0f} ms"
                         + ("" if same is None else f", answers equal to the 1-client run: {same}/{len(answers)}"))
                 if clients == counts[-1]:
-                    cold, warm = prefix_probe(url, tokenizer, args.prefix_tokens, bias, "bench")
+                    cold, warm = prefix_probe(url, tokenizer, args.prefix_tokens, bias, served_name)
                     line += (f"; prefix probe: TTFT cold {1e3 * cold.ttft:.0f} ms, warm {1e3 * warm.ttft:.0f} ms"
                              + (f" ({warm.cached_tokens} cached tokens)" if warm.cached_tokens is not None else ""))
                 summary.append(line)
