@@ -75,8 +75,8 @@ static void dot_rows(const matmul_job *job, int64_t begin, int64_t end) {
     }
 }
 
-/* The weight rows go out in chunks of whole tiles, each to whichever thread asks next: a thread the
- * system holds up (another process, a busy server) costs its chunk, not half the matmul. */
+/* The weight rows go out in chunks of whole tiles, each to whichever thread asks next: in a prompt, a
+ * thread the system holds up (another process, a busy server) costs its chunk, not half the matmul. */
 static void dot_task(void *arg, int ith, int nth) {
     (void)ith, (void)nth;
     matmul_job *job = arg;
@@ -133,8 +133,11 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
             act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, scratch + gi * group_bytes);
         }
     }
-    /* about 8 chunks per thread, so the threads finish together even when one is held up */
-    const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE, tiles_per_chunk = tiles / (8 * n_threads);
+    /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
+     * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is
+     * as long as it can be for the prefetchers (SmolLM2's decode at 2 threads: +15%, its 4-row step +6%). */
+    const int64_t chunks_per_thread = m < 8 ? 1 : 8;
+    const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE, tiles_per_chunk = tiles / (chunks_per_thread * n_threads);
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
