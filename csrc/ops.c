@@ -142,8 +142,6 @@ static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
     return kp >= 0 && kp <= qp && (job->window <= 0 || qp - kp < job->window);
 }
 
-static inline float round_to_half(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
-
 /*
  * One (query row, head), in the arithmetic of llama.cpp's CPU attention for a prompt batch (so a prompt's
  * numbers are llama.cpp's): the query rounded to half precision; q.k in 8 lanes (slot mod 8); scaled;
@@ -154,9 +152,11 @@ static inline float round_to_half(float x) { return fp16_to_fp32(fp32_to_fp16(x)
 static void attend_one(const attention_job *job, int64_t r, int64_t h, float *scratch) {
     const int64_t d = job->d, n_kv = job->n_kv, group = job->n_head / job->n_head_kv, hk = h / group;
     float *scores = scratch, *q = scratch + n_kv;
+    fp16_t *q_half = (fp16_t *)(q + d);
     const float *q32 = job->q + (r * job->n_head + h) * d;
     float *out = job->out + (r * job->n_head + h) * d;
-    for (int64_t i = 0; i < d; ++i) q[i] = round_to_half(q32[i]);
+    job->kernels->to_half(q32, q_half, d);
+    for (int64_t i = 0; i < d; ++i) q[i] = fp16_to_fp32(q_half[i]);
     const int32_t qp = job->qpos[r];
     float max = -INFINITY;
     const int64_t stride = job->n_head_kv * d;
@@ -194,7 +194,7 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
 typedef struct {
     const attention_job *jobs;
     int n_jobs;
-    float *scratch;            /* per thread: scratch_floats */
+    float *scratch;            /* per thread: scratch_floats (scores, the query, the query in halves) */
     int64_t scratch_floats;
     atomic_llong next_item;
 } attention_batch;
@@ -239,7 +239,7 @@ int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_
     }
     /* a small step is quicker on fewer threads than handed out (results do not depend on it) */
     if (work < (int64_t)n_threads << 15) n_threads = (int)(work >> 15) + 1;
-    attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = max_kv + d};
+    attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = max_kv + d + (d + 1) / 2};
     batch.scratch = malloc((size_t)(n_threads * batch.scratch_floats) * sizeof(float));
     atomic_init(&batch.next_item, 0);
     int status = batch.scratch == NULL ? PYLLM_ERR_NOMEM : pyllm_pool_run(n_threads, attention_task, &batch);
