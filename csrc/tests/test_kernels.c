@@ -208,8 +208,8 @@ static void test_rows_kernels_agree(void) {
 }
 
 /* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail, 1 to 8
- * heads a KV head), and so do the same rows as several sequences in one batch on 1 to 3 threads (which
- * hands out heads in groups of other sizes). */
+ * heads a KV head), so do the same rows as several sequences in one batch on 1 to 3 threads, and so does
+ * plain multi-head attention with each head's KV head copied out for it (the GQA indexing). */
 static void test_attention_tiers_agree(void) {
     enum { M = 3, N_KV = 17, MAX_HEAD = 8, MAX_D = 72 };
     static float q[M * MAX_HEAD * MAX_D], ref[M * MAX_HEAD * MAX_D], got[M * MAX_HEAD * MAX_D];
@@ -231,7 +231,7 @@ static void test_attention_tiers_agree(void) {
             pyllm_set_tier(PYLLM_TIER_GENERIC);
             CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, n_head, n_head_kv, d, 0.3f, 7, 0.0f, ref, 2) ==
                       PYLLM_OK, "attention generic d=%d", d);
-            /* the same with every head's KV head copied out for it alone (one head a KV head, so one head an item) */
+            /* the same as multi-head attention, every head's KV head copied out for it alone */
             const int group = n_head / n_head_kv;
             for (int t = 0; t < N_KV; ++t) {
                 for (int h = 0; h < n_head; ++h) {
