@@ -123,7 +123,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         if ((m - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
         const int64_t group_bytes = act_rows_scratch_bytes(type, k);
         job.groups = malloc((size_t)job.n_groups * sizeof(act_rows));
-        scratch = malloc((size_t)(job.n_groups * group_bytes));
+        scratch = aligned_alloc(64, (size_t)(job.n_groups * group_bytes));  /* whole lines: quants never split one */
         if (job.groups == NULL || scratch == NULL) status = PYLLM_ERR_NOMEM;
         for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
             const int64_t r0 = gi * VEC_DOT_MAX_ROWS;

@@ -471,16 +471,19 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
 int64_t act_rows_scratch_bytes(int weight_type, int64_t n) {
     const int64_t nb = n / QK32 * VEC_DOT_MAX_ROWS;
     const int64_t offset_ints = weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
-    return nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
+    const int64_t bytes = nb * QK32 + nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
+    return (bytes + 63) / 64 * 64;
 }
 
 void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
                       void *scratch) {
     const int act_type = pyllm_vec_dot_type(weight_type);
     const int64_t nb = act_type == PYLLM_TYPE_Q8_K ? 0 : n / QK32;  /* q8_K keeps float scales of its own */
-    float *scale = scratch, *sum = scale + nb * VEC_DOT_MAX_ROWS;
+    int8_t *quants = scratch;
+    float *scale = (float *)(quants + nb * VEC_DOT_MAX_ROWS * QK32), *sum = scale + nb * VEC_DOT_MAX_ROWS;
     int32_t *offsets = (int32_t *)(sum + nb * VEC_DOT_MAX_ROWS);
     group->n_rows = n_rows;
+    group->quants = nb ? quants : NULL;
     group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
     group->offsets = weight_type == PYLLM_TYPE_Q5_0 ? offsets : NULL;
@@ -497,6 +500,9 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
             } else if (real) {
                 d = fp16_to_fp32(((const block_q8_0 *)rows[r])[b].d);
             }
+            const int8_t *qs = act_type == PYLLM_TYPE_Q8_1 ? ((const block_q8_1 *)group->rows[r])[b].qs
+                                                           : ((const block_q8_0 *)group->rows[r])[b].qs;
+            memcpy(quants + (b * VEC_DOT_MAX_ROWS + r) * QK32, qs, QK32);
             scale[b * VEC_DOT_MAX_ROWS + r] = d;
             if (group->sum != NULL) sum[b * VEC_DOT_MAX_ROWS + r] = s;
             if (group->block_offsets != NULL) {

@@ -189,15 +189,18 @@ static inline void q3_K_scales(const uint8_t *packed, int8_t out[16]) {
 typedef void (*dequantize_row_fn)(const void *blocks, float *y, int64_t n);
 typedef void (*quantize_row_fn)(const float *x, void *blocks, int64_t n);
 typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
-/* Up to VEC_DOT_MAX_ROWS activation rows for the multi-row kernels; for q8_0 / q8_1 blocks with their
- * scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...] its s
- * (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * the sum of row r's
+/* Up to VEC_DOT_MAX_ROWS activation rows for the multi-row kernels. For q8_0 / q8_1 blocks: their quants
+ * copied block-major, quants[(b * VEC_DOT_MAX_ROWS + r) * 32 + j] (one pointer for all the rows, where the 8-row
+ * Q5_0 kernel had run out of registers for eight; in a 64-byte-aligned scratch no load splits a cache line),
+ * and their scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...]
+ * its s (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * the sum of row r's
  * quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l); for Q4_0 weights,
  * block_offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * the sum of row r's quants in block b. Rows from n_rows on
  * repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and their results are dropped. */
 #define VEC_DOT_MAX_ROWS 4
 typedef struct {
     const void *rows[VEC_DOT_MAX_ROWS];
+    const int8_t *quants;  /* q8_0 / q8_1 rows (NULL for q8_K) */
     const float *scale;
     const float *sum;
     const int32_t *offsets;
@@ -205,7 +208,8 @@ typedef struct {
     int n_rows;
 } act_rows;
 
-/* Bytes of scratch act_rows_prepare needs for a group of rows of n elements against weight_type. */
+/* Bytes of scratch act_rows_prepare needs for a group of rows of n elements against weight_type: whole
+ * 64-byte lines, so groups' scratch side by side in a 64-byte-aligned buffer keeps every group's quants aligned. */
 int64_t act_rows_scratch_bytes(int weight_type, int64_t n);
 
 /* Points group at the n_rows rows (1..VEC_DOT_MAX_ROWS) of weight_type's activation format and fills its

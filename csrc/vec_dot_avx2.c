@@ -200,16 +200,10 @@ static inline __m256i fmt_row_lanes(__m256i q, const int8_t *a, const int32_t *o
 static inline __attribute__((always_inline)) void rows32(int64_t n, const void *w, const act_rows *groups,
                                                          float *out, const int n_groups, const int fmt) {
     const uint8_t *x = w;
-    const size_t act_block = fmt_has_min(fmt) ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    const size_t act_qs = fmt_has_min(fmt) ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
-    const uint8_t *y[2 * VEC_DOT_MAX_ROWS];
     __m256 acc[2 * VEC_DOT_MAX_ROWS];
     __m128 mins[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
 #pragma GCC unroll 8
-    for (int r = 0; r < VEC_DOT_MAX_ROWS * n_groups; ++r) {
-        y[r] = groups[r / VEC_DOT_MAX_ROWS].rows[r % VEC_DOT_MAX_ROWS];
-        acc[r] = _mm256_setzero_ps();
-    }
+    for (int r = 0; r < VEC_DOT_MAX_ROWS * n_groups; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / QK32; ++b) {
         const uint8_t *block = x + b * fmt_block_bytes(fmt);
         if (n_groups == 1) prefetch_ahead(block);  /* a few rows (decode of a batch): weights from memory */
@@ -222,7 +216,7 @@ static inline __attribute__((always_inline)) void rows32(int64_t n, const void *
             const int i = r % VEC_DOT_MAX_ROWS;
             const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(group->scale + VEC_DOT_MAX_ROWS * b + i));
             const int32_t *offset = fmt == FMT_Q5_0 ? group->offsets + (VEC_DOT_MAX_ROWS * b + i) * 8 : NULL;
-            const __m256i sums = fmt_row_lanes(q, (const int8_t *)(y[r] + b * act_block + act_qs), offset, fmt);
+            const __m256i sums = fmt_row_lanes(q, group->quants + (VEC_DOT_MAX_ROWS * b + i) * QK32, offset, fmt);
             acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc[r]);
         }
         if (fmt_has_min(fmt)) {  /* the rows' mins = fmaf(m, s, mins), a group at once */
