@@ -189,7 +189,7 @@ static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_
 
 static int config_valid(const pyllm_block_config *cfg) {
     return cfg->n_embd > 0 && cfg->n_head > 0 && cfg->n_head_kv > 0 && cfg->n_head % cfg->n_head_kv == 0 &&
-           cfg->head_dim > 0 && cfg->n_rot > 0 && cfg->n_rot <= cfg->head_dim && cfg->n_rot % 2 == 0 && cfg->n_ff > 0 &&
+           cfg->head_dim > 0 && pyllm_rope_dims_valid(cfg->n_rot, cfg->head_dim) && cfg->n_ff > 0 &&
            (cfg->activation == 0 || cfg->activation == 1);
 }
 

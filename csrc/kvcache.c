@@ -35,8 +35,7 @@ int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float 
 
 int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discard, int64_t n_heads_kv,
                    int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, int neox) {
-    if (n_keep < 0 || n_discard <= 0 || n_heads_kv * head_dim != layer->k_row || n_rot <= 0 || n_rot % 2 != 0 ||
-        n_rot > head_dim) {
+    if (n_keep < 0 || n_discard <= 0 || n_heads_kv * head_dim != layer->k_row || !pyllm_rope_dims_valid(n_rot, head_dim)) {
         return PYLLM_ERR_SHAPE;
     }
     const int64_t cap = layer->capacity;

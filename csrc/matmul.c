@@ -16,6 +16,10 @@
 /* Weight rows handled together, so a tile of W stays in cache across X rows. */
 #define ROW_TILE 16
 
+/* Fewer X rows than this are a decode step: quantized on the calling thread (quicker than handing them out),
+ * and W streamed from memory in one contiguous range per thread. */
+#define DECODE_ROWS 8
+
 typedef struct {
     vec_dot_fn kernel;
     vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
@@ -113,8 +117,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     job.act = malloc((size_t)(m * job.act_row_bytes));
     if (job.act == NULL) return PYLLM_ERR_NOMEM;
 
-    /* a few rows (decode) are quicker to quantize here than to hand out */
-    const int quantize_threads = m < 8 ? 1 : (m < n_threads ? (int)m : n_threads);
+    const int quantize_threads = m < DECODE_ROWS ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
     /* X rows in groups for the multi-row kernel (a last lone row goes to the single-row kernel) */
     uint8_t *scratch = NULL;
@@ -136,7 +139,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
      * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is
      * as long as it can be for the prefetchers (SmolLM2's decode at 2 threads: +15%, its 4-row step +6%). */
-    const int64_t chunks_per_thread = m < 8 ? 1 : 8;
+    const int64_t chunks_per_thread = m < DECODE_ROWS ? 1 : 8;
     const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE, tiles_per_chunk = tiles / (chunks_per_thread * n_threads);
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);

@@ -81,10 +81,14 @@ void pyllm_rope_rotate(float *x, const float *cos_sin, int64_t m, int64_t n_head
     }
 }
 
+int pyllm_rope_dims_valid(int64_t n_rot, int64_t head_dim) {
+    return n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim;
+}
+
 /* Rotary position embedding, in place on x[m, n_heads, head_dim] at positions pos[m]. */
 int pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                float freq_base, float freq_scale, int neox) {
-    if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim) return PYLLM_ERR_SHAPE;
+    if (!pyllm_rope_dims_valid(n_rot, head_dim)) return PYLLM_ERR_SHAPE;
     float *cos_sin = malloc((size_t)n_rot * sizeof(float));  /* one row's angles at a time */
     if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
     for (int64_t r = 0; r < m; ++r) {

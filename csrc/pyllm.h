@@ -105,6 +105,8 @@ int pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t
 void pyllm_rope_angles(const int32_t *pos, int64_t m, int64_t n_rot, float freq_base, float freq_scale, float *cos_sin);
 void pyllm_rope_rotate(float *x, const float *cos_sin, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                        int neox);
+/* 1 if the rope ops take n_rot for heads of head_dim: even, 2..head_dim. */
+int pyllm_rope_dims_valid(int64_t n_rot, int64_t head_dim);
 
 /* y[m, n] = silu(gate) * up, and y[n] = gelu(tanh approximation)(gate) * up */
 void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t m, int64_t n);

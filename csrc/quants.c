@@ -468,17 +468,22 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref, [PYLLM_TYPE_Q8_1] = quantize_row_q8_1_act,
 };
 
+/* The 32-element blocks a row has in act_rows' copies (q8_K keeps its own float scales: none). */
+static int64_t act_rows_blocks(int weight_type, int64_t n) {
+    return pyllm_vec_dot_type(weight_type) == PYLLM_TYPE_Q8_K ? 0 : n / QK32;
+}
+
 int64_t act_rows_scratch_bytes(int weight_type, int64_t n) {
-    const int64_t nb = n / QK32 * VEC_DOT_MAX_ROWS;
+    const int64_t nb = act_rows_blocks(weight_type, n) * VEC_DOT_MAX_ROWS;
     const int64_t offset_ints = weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
     const int64_t bytes = nb * QK32 + nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
-    return (bytes + 63) / 64 * 64;
+    return bytes > 0 ? (bytes + 63) / 64 * 64 : 64;  /* at least a line, so a group's scratch always exists */
 }
 
 void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
                       void *scratch) {
     const int act_type = pyllm_vec_dot_type(weight_type);
-    const int64_t nb = act_type == PYLLM_TYPE_Q8_K ? 0 : n / QK32;  /* q8_K keeps float scales of its own */
+    const int64_t nb = act_rows_blocks(weight_type, n);
     int8_t *quants = scratch;
     float *scale = (float *)(quants + nb * VEC_DOT_MAX_ROWS * QK32), *sum = scale + nb * VEC_DOT_MAX_ROWS;
     int32_t *offsets = (int32_t *)(sum + nb * VEC_DOT_MAX_ROWS);
@@ -506,13 +511,11 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
             scale[b * VEC_DOT_MAX_ROWS + r] = d;
             if (group->sum != NULL) sum[b * VEC_DOT_MAX_ROWS + r] = s;
             if (group->block_offsets != NULL) {
-                const int8_t *qs = ((const block_q8_0 *)group->rows[r])[b].qs;
-                int32_t sum = 0;
-                for (int j = 0; j < QK32; ++j) sum += qs[j];
-                offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * sum;
+                int32_t total = 0;
+                for (int j = 0; j < QK32; ++j) total += qs[j];
+                offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * total;
             }
             if (group->offsets != NULL) {
-                const int8_t *qs = ((const block_q8_0 *)group->rows[r])[b].qs;
                 for (int l = 0; l < 8; ++l) {
                     offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
                 }

@@ -312,9 +312,9 @@ static inline __attribute__((always_inline)) void rows_q4_0(int64_t n, const voi
 #pragma GCC unroll 2
         for (int g = 0; g < n_groups; ++g) {
             const act_rows *group = &groups[g];
-            const block_q8_0 *y0 = group->rows[0], *y1 = group->rows[1], *y2 = group->rows[2], *y3 = group->rows[3];
-            const __m128i unsigned_sums = totals4(lanes_unsigned(u, y0[b].qs), lanes_unsigned(u, y1[b].qs),
-                                                  lanes_unsigned(u, y2[b].qs), lanes_unsigned(u, y3[b].qs));
+            const int8_t *a = group->quants + VEC_DOT_MAX_ROWS * QK32 * b;  /* the block's 4 rows, 32 bytes each */
+            const __m128i unsigned_sums = totals4(lanes_unsigned(u, a), lanes_unsigned(u, a + QK32),
+                                                  lanes_unsigned(u, a + 2 * QK32), lanes_unsigned(u, a + 3 * QK32));
             const __m128i sums = _mm_sub_epi32(unsigned_sums,
                                                _mm_loadu_si128((const __m128i *)(group->block_offsets + VEC_DOT_MAX_ROWS * b)));
             const __m128 scale = _mm_mul_ps(d, _mm_loadu_ps(group->scale + VEC_DOT_MAX_ROWS * b));
