@@ -163,6 +163,12 @@ vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type) {
     return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows8_table_avx2[type] : NULL;
 }
 
+vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
+    /* where the AVX2 single-row kernel is the active one (a tier above with its own keeps its own) */
+    if (pyllm_active_tier() < PYLLM_TIER_AVX2 || pyllm_active_vec_dot(type) != vec_dot_table_avx2[type]) return NULL;
+    return vec_dot_row_table_avx2[type];
+}
+
 const op_kernels *pyllm_op_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && op_kernels_avx2.dots != NULL) return &op_kernels_avx2;
     return &op_kernels_generic;

@@ -16,6 +16,7 @@ vec_dot_fn pyllm_active_vec_dot(int type);
 /* The multi-row kernel of the active tier for weight `type`, or NULL (then: vec_dot row by row). */
 vec_dot_rows_fn pyllm_active_vec_dot_rows(int type);
 vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type);  /* two groups of rows at once, or NULL */
+vec_dot_row_fn pyllm_active_vec_dot_row(int type);     /* one prepared row (act_row_prepare), or NULL */
 
 /* The non-matmul kernels for `tier` (the AVX2 ones serve every tier above it). */
 const op_kernels *pyllm_op_kernels(int tier);

@@ -24,6 +24,7 @@ typedef struct {
     vec_dot_fn kernel;
     vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
     vec_dot_rows_fn rows8_kernel; /* two groups at once; NULL: none */
+    vec_dot_row_fn row_kernel;    /* a lone row, prepared (act_row_prepare); NULL: kernel on the q8 row */
     int type;
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
@@ -34,6 +35,8 @@ typedef struct {
     float *y;              /* (m, n) */
     act_rows *groups;      /* with a rows kernel: the X rows in groups of VEC_DOT_MAX_ROWS */
     int64_t n_groups;
+    act_rows *lone;        /* with a row kernel: X rows first_lone.. (those no group holds), prepared */
+    int64_t first_lone;
     int64_t chunk_rows;    /* weight rows handed out at a time (whole tiles) */
     atomic_llong next_chunk;
 } matmul_job;
@@ -72,8 +75,13 @@ static void dot_rows(const matmul_job *job, int64_t begin, int64_t end) {
             r += n_rows;
         }
         for (; r < job->m; ++r) {
-            const uint8_t *act = job->act + r * job->act_row_bytes;
             float *y = job->y + r * job->n;
+            if (job->lone != NULL) {
+                const act_rows *row = &job->lone[r - job->first_lone];
+                for (int64_t c = tile; c < tile_end; ++c) y[c] = job->row_kernel(job->k, job->w + c * job->w_row_bytes, row);
+                continue;
+            }
+            const uint8_t *act = job->act + r * job->act_row_bytes;
             for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, job->w + c * job->w_row_bytes, act);
         }
     }
@@ -105,6 +113,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         .kernel = pyllm_active_vec_dot(type),
         .rows_kernel = pyllm_active_vec_dot_rows(type),
         .rows8_kernel = pyllm_active_vec_dot_rows8(type),
+        .row_kernel = pyllm_active_vec_dot_row(type),
         .type = type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),
@@ -136,6 +145,19 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
             act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, scratch + gi * group_bytes);
         }
     }
+    /* The rows no group holds (a decode step's one row), prepared for the row kernel where there is one */
+    uint8_t *lone_scratch = NULL;
+    job.first_lone = job.groups != NULL ? (job.n_groups * VEC_DOT_MAX_ROWS < m ? job.n_groups * VEC_DOT_MAX_ROWS : m) : 0;
+    if (status == PYLLM_OK && job.row_kernel != NULL && job.first_lone < m) {
+        const int64_t n_lone = m - job.first_lone, row_bytes = act_row_scratch_bytes(type, k);
+        job.lone = malloc((size_t)n_lone * sizeof(act_rows));
+        lone_scratch = aligned_alloc(64, (size_t)(n_lone * row_bytes));
+        if (job.lone == NULL || lone_scratch == NULL) status = PYLLM_ERR_NOMEM;
+        for (int64_t i = 0; status == PYLLM_OK && i < n_lone; ++i) {
+            act_row_prepare(&job.lone[i], type, job.act + (job.first_lone + i) * job.act_row_bytes, k,
+                            lone_scratch + i * row_bytes);
+        }
+    }
     /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
      * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is
      * as long as it can be for the prefetchers (SmolLM2's decode at 2 threads: +15%, its 4-row step +6%). */
@@ -146,6 +168,8 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
     free(job.groups);
     free(scratch);
+    free(job.lone);
+    free(lone_scratch);
     free(job.act);
     return status;
 }

@@ -473,29 +473,34 @@ static int64_t act_rows_blocks(int weight_type, int64_t n) {
     return pyllm_vec_dot_type(weight_type) == PYLLM_TYPE_Q8_K ? 0 : n / QK32;
 }
 
-int64_t act_rows_scratch_bytes(int weight_type, int64_t n) {
-    const int64_t nb = act_rows_blocks(weight_type, n) * VEC_DOT_MAX_ROWS;
+/* Scratch for a layout of `slots` rows a block (VEC_DOT_MAX_ROWS for a group, 1 for a lone row). */
+static int64_t layout_scratch_bytes(int weight_type, int64_t n, int slots) {
+    const int64_t nb = act_rows_blocks(weight_type, n) * slots;
     const int64_t offset_ints = weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
     const int64_t bytes = nb * QK32 + nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
     return bytes > 0 ? (bytes + 63) / 64 * 64 : 64;  /* at least a line, so a group's scratch always exists */
 }
 
-void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
-                      void *scratch) {
+int64_t act_rows_scratch_bytes(int weight_type, int64_t n) { return layout_scratch_bytes(weight_type, n, VEC_DOT_MAX_ROWS); }
+int64_t act_row_scratch_bytes(int weight_type, int64_t n) { return layout_scratch_bytes(weight_type, n, 1); }
+
+/* Rows 0..n_rows-1 into a layout of `slots` rows a block: entry (b, r) at index b * slots + r. */
+static void prepare_layout(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
+                           void *scratch, int slots) {
     const int act_type = pyllm_vec_dot_type(weight_type);
     const int64_t nb = act_rows_blocks(weight_type, n);
     int8_t *quants = scratch;
-    float *scale = (float *)(quants + nb * VEC_DOT_MAX_ROWS * QK32), *sum = scale + nb * VEC_DOT_MAX_ROWS;
-    int32_t *offsets = (int32_t *)(sum + nb * VEC_DOT_MAX_ROWS);
+    float *scale = (float *)(quants + nb * slots * QK32), *sum = scale + nb * slots;
+    int32_t *offsets = (int32_t *)(sum + nb * slots);
     group->n_rows = n_rows;
     group->quants = nb ? quants : NULL;
     group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
     group->offsets = weight_type == PYLLM_TYPE_Q5_0 ? offsets : NULL;
     group->block_offsets = weight_type == PYLLM_TYPE_Q4_0 ? offsets : NULL;
-    for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) {
+    for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) group->rows[r] = rows[r < n_rows ? r : 0];
+    for (int r = 0; r < slots; ++r) {
         const int real = r < n_rows;
-        group->rows[r] = rows[real ? r : 0];
         for (int64_t b = 0; b < nb; ++b) {
             float d = 0.0f, s = 0.0f;
             if (real && act_type == PYLLM_TYPE_Q8_1) {
@@ -507,19 +512,30 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
             }
             const int8_t *qs = act_type == PYLLM_TYPE_Q8_1 ? ((const block_q8_1 *)group->rows[r])[b].qs
                                                            : ((const block_q8_0 *)group->rows[r])[b].qs;
-            memcpy(quants + (b * VEC_DOT_MAX_ROWS + r) * QK32, qs, QK32);
-            scale[b * VEC_DOT_MAX_ROWS + r] = d;
-            if (group->sum != NULL) sum[b * VEC_DOT_MAX_ROWS + r] = s;
+            const int64_t at = b * slots + r;
+            memcpy(quants + at * QK32, qs, QK32);
+            scale[at] = d;
+            if (group->sum != NULL) sum[at] = s;
             if (group->block_offsets != NULL) {
                 int32_t total = 0;
                 for (int j = 0; j < QK32; ++j) total += qs[j];
-                offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * total;
+                offsets[at] = 8 * total;
             }
             if (group->offsets != NULL) {
                 for (int l = 0; l < 8; ++l) {
-                    offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
+                    offsets[at * 8 + l] = 16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
                 }
             }
         }
     }
+}
+
+void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows, int n_rows, int64_t n,
+                      void *scratch) {
+    prepare_layout(group, weight_type, rows, n_rows, n, scratch, VEC_DOT_MAX_ROWS);
+}
+
+void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n, void *scratch) {
+    const void *rows[1] = {act};
+    prepare_layout(row, weight_type, rows, 1, n, scratch, 1);
 }

@@ -222,6 +222,16 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
  * rows' entries may be written too). */
 typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const act_rows *group, float *out);
 
+/* One activation row in the same form with one row a block (quants[b * 32 + j], scale[b], sum[b],
+ * offsets[b * 8 + l], block_offsets[b]; n_rows = 1), for the single-row kernels of a decode step: the quants
+ * 32-byte aligned where q8_0's 34-byte blocks split every other load across cache lines, the scales as
+ * floats, and Q5_0's unsigned form (no sign trick) by its offsets. Scratch: act_row_scratch_bytes, 64-aligned. */
+int64_t act_row_scratch_bytes(int weight_type, int64_t n);
+void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n, void *scratch);
+
+/* vec_dot(n, w, row->rows[0]), bit for bit, from a row act_row_prepare laid out. */
+typedef float (*vec_dot_row_fn)(int64_t n, const void *w, const act_rows *row);
+
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
  * kernel of its own (the dispatcher then uses the next lower tier's). */
 extern const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT];
@@ -232,6 +242,8 @@ extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
 extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
 /* The same over two groups (2 * VEC_DOT_MAX_ROWS rows: group[0], group[1]; out[2 * VEC_DOT_MAX_ROWS]). */
 extern const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT];
+/* Single-row kernels over a prepared row where a tier has them (NULL elsewhere: matmul calls vec_dot). */
+extern const vec_dot_row_fn vec_dot_row_table_avx2[PYLLM_TYPE_COUNT];
 
 /* The non-matmul inner loops, one set per tier, bit-identical (llama.cpp's arithmetic; see ops.c):
  * dots:         out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes

@@ -207,6 +207,62 @@ static void test_rows_kernels_agree(void) {
     CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
 }
 
+/* Row kernels (a lone activation row, prepared by act_row_prepare): the single-row kernel's bits for every
+ * block count (the four-block steps of Q4_0 and their tails) and every kind of weight bytes, extremes too;
+ * and pyllm_matmul of one row, which goes through them, equals the single-row kernel on 1 to 3 threads. */
+static void test_row_kernels_agree(void) {
+    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
+    int checked = 0, bad = 0, types = 0;
+    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+        const int type = weight_types[ti];
+        const vec_dot_row_fn row_kernel = vec_dot_row_table_avx2[type];
+        if (row_kernel == NULL) continue;
+        types++;
+        const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
+        const int64_t bs = pyllm_type_block_size(type);
+        for (int mode = 0; mode < FILL_MODES; ++mode) {
+            for (int blocks = 1; blocks <= 20; ++blocks) {
+                const int64_t n = bs * blocks;
+                uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
+                uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+                float *x = malloc((size_t)n * sizeof(float));
+                uint8_t *scratch = aligned_alloc(64, (size_t)act_row_scratch_bytes(type, n));
+                random_weights(type, w, n, mode);
+                for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+                pyllm_quantize_activations(type, x, act, n);
+                act_rows row;
+                act_row_prepare(&row, type, act, n, scratch);
+                const float want = one(n, w, act), got = row_kernel(n, w, &row);
+                bad += memcmp(&want, &got, sizeof(float)) != 0;
+                checked++;
+                free(scratch);
+                free(x);
+                free(act);
+                free(w);
+            }
+        }
+        enum { N_OUT = 37, BLOCKS = 7 };  /* rows not a multiple of the tile, so threads split unevenly */
+        const int64_t n = bs * BLOCKS, row_bytes = BLOCKS * pyllm_type_size(type);
+        uint8_t *w = malloc((size_t)(N_OUT * row_bytes)), *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+        float x[7 * 256], y[N_OUT];
+        random_weights(type, w, n * N_OUT, FILL_RANDOM);
+        for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+        pyllm_quantize_activations(type, x, act, n);
+        for (int threads = 1; threads <= 3; ++threads) {
+            CHECK(pyllm_matmul(type, w, N_OUT, n, x, 1, y, threads) == PYLLM_OK, "row kernels: matmul runs");
+            for (int c = 0; c < N_OUT; ++c) {
+                const float want = one(n, w + c * row_bytes, act);
+                bad += memcmp(&want, &y[c], sizeof(float)) != 0;
+                checked++;
+            }
+        }
+        free(act);
+        free(w);
+    }
+    CHECK(types >= 3 && bad == 0, "row kernels: %d types, %d of %d outputs differ from the single-row kernel", types, bad,
+          checked);
+}
+
 /* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail, 1 to 8
  * heads a KV head), so do the same rows as several sequences in one batch on 1 to 3 threads, and so does
  * plain multi-head attention with each head's KV head copied out for it (the GQA indexing). */
@@ -524,6 +580,7 @@ int main(void) {
     test_op_kernels_agree();
     test_kv_cache_layer();
     test_rows_kernels_agree();
+    test_row_kernels_agree();
     test_string_index();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
