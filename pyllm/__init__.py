@@ -2,6 +2,14 @@
 
 __version__ = "0.1.0"
 
-from .llama import Llama  # noqa: E402
-
 __all__ = ["Llama"]
+
+
+def __getattr__(name: str):
+    """`pyllm.Llama` on first use: `pyllm bench` and the kernels need none of its modules (the engine, the chat
+    templates' jinja2), and each one loaded is resident memory a benchmark's peak RSS counts."""
+    if name == "Llama":
+        from .llama import Llama
+
+        return Llama
+    raise AttributeError(f"module 'pyllm' has no attribute {name!r}")

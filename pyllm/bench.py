@@ -79,9 +79,11 @@ def _record(model: Model, path: str, n_threads: int, n_prompt: int, n_gen: int, 
 
 def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetitions: int) -> BenchRecord:
     tokens = _prompt_tokens(model, n_prompt)
+    cache = model.new_cache(n_prompt)  # one, emptied before each run, as llama-bench clears its context's
 
     def run() -> None:
-        model.forward(tokens, model.new_cache(n_prompt))
+        cache.clear()
+        model.forward(tokens, cache)
 
     return _record(model, path, n_threads, n_prompt, 0, _time_runs(run, repetitions))
 
@@ -89,8 +91,10 @@ def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetit
 def bench_generation(model: Model, path: str, n_gen: int, n_threads: int, repetitions: int) -> BenchRecord:
     tokens = _prompt_tokens(model, n_gen)
 
+    cache = model.new_cache(n_gen)
+
     def run() -> None:
-        cache = model.new_cache(n_gen)
+        cache.clear()
         for token in tokens:
             model.forward([token], cache)
 
