@@ -28,6 +28,7 @@ SOURCES = [
     "kvcache.c",
     "block.c",
     "strings.c",
+    "topk.c",
 ]
 
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind

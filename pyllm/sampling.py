@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from ._pyllm_c import ffi, lib
+
 __all__ = [
     "Sampler",
     "SamplingError",
@@ -176,8 +178,16 @@ def _smallest(key: np.ndarray, m: int) -> np.ndarray:
 
 
 def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest entries of x, ordered by value descending then id ascending."""
-    return _smallest(-x, k)
+    """Ids of the k largest entries of x (float32 or float64, no NaN), ordered by value descending then id
+    ascending: the C core's one-pass heap (csrc/topk.c) for float32 rows and k <= 256, ``_smallest(-x, k)``
+    otherwise (the reference the C one is tested against: a partition and copies, 2-4x slower at k = 40 on a
+    49k vocabulary, quicker from k ~ 500 on)."""
+    if x.dtype != np.float32 or not 0 < k <= min(256, x.shape[0]):  # a larger k: the partition is quicker
+        return _smallest(-x, k)
+    x = np.ascontiguousarray(x)
+    ids = np.empty(k, dtype=np.int32)
+    lib.pyllm_top_k(ffi.from_buffer("float[]", x), x.shape[0], k, ffi.from_buffer("int32_t[]", ids))
+    return ids.astype(np.intp)
 
 
 def _mass_prefix(key: np.ndarray, probs: np.ndarray, p: float, *, strict: bool) -> np.ndarray:

@@ -459,3 +459,42 @@ def test_fast_on_a_262144_token_vocabulary() -> None:
         sampler.sample(logits, history)
     per_call = (time.perf_counter() - start) / 20
     assert per_call < 0.05, f"{per_call * 1e3:.1f} ms per sample"
+
+
+def _rows_for_top_k() -> list[np.ndarray]:
+    """Rows below and above the size where csrc/topk.c first finds a floor from slice maxima, with ties,
+    -inf entries, and the orders that stress a heap (ascending, descending, all equal)."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for n in (5, 97, 4095, 4096, 49152):
+        x = rng.standard_normal(n).astype(np.float32)
+        ties = np.round(x * 2).astype(np.float32)
+        banned = x.copy()
+        banned[rng.choice(n, n // 3, replace=False)] = -np.inf
+        rows += [x, np.sort(x), np.sort(x)[::-1].copy(), ties, banned, np.zeros(n, np.float32)]
+    return rows
+
+
+def test_top_k_in_c_equals_the_numpy_reference() -> None:
+    from pyllm.sampling import _smallest, _top_k_ids
+
+    checked = 0
+    for x in _rows_for_top_k():
+        for k in (1, 2, 3, 40, 255, 256):
+            if k > x.shape[0]:
+                continue
+            want = _smallest(-x, k)
+            got = _top_k_ids(x, k)
+            assert np.array_equal(got, want), (x.shape[0], k)
+            checked += 1
+    assert checked == 150
+
+
+def test_top_k_in_c_rejects_bad_shapes() -> None:
+    from pyllm._pyllm_c import ffi, lib
+
+    x = np.ones(8, np.float32)
+    ids = np.empty(9, np.int32)
+    for n, k in ((8, 0), (8, 9), (0, 1), (-1, 1)):
+        status = lib.pyllm_top_k(ffi.from_buffer("float[]", x), n, k, ffi.from_buffer("int32_t[]", ids))
+        assert status == lib.PYLLM_ERR_SHAPE, (n, k)

@@ -263,6 +263,43 @@ static void test_row_kernels_agree(void) {
           checked);
 }
 
+/* Top-k against picking the best remaining entry k times (value descending, ties by id), on rows below and
+ * above the size where the slice-maxima floor starts, random, ascending and with many ties. */
+static void test_top_k(void) {
+    enum { MAX_N = 9000, MAX_K = 300 };
+    static float x[MAX_N];
+    static int32_t got[MAX_K], want[MAX_K];
+    static unsigned char taken[MAX_N];
+    const int64_t sizes[] = {1, 7, 4095, 4096, MAX_N}, ks[] = {1, 2, 40, 256, MAX_K};
+    int bad = 0, checked = 0;
+    for (int si = 0; si < 5; ++si) {
+        const int64_t n = sizes[si];
+        for (int pattern = 0; pattern < 3; ++pattern) {
+            for (int64_t i = 0; i < n; ++i) {
+                x[i] = pattern == 0 ? rng_float(-5, 5) : pattern == 1 ? (float)i : (float)(int)rng_float(0, 4);
+            }
+            for (int ki = 0; ki < 5; ++ki) {
+                const int64_t k = ks[ki] < n ? ks[ki] : n;
+                CHECK(pyllm_top_k(x, n, k, got) == PYLLM_OK, "top-k: n %lld k %lld runs", (long long)n, (long long)k);
+                memset(taken, 0, (size_t)n);
+                for (int64_t r = 0; r < k; ++r) {
+                    int64_t best = -1;
+                    for (int64_t i = 0; i < n; ++i) {
+                        if (!taken[i] && (best < 0 || x[i] > x[best])) best = i;
+                    }
+                    taken[best] = 1;
+                    want[r] = (int32_t)best;
+                }
+                bad += memcmp(got, want, (size_t)k * sizeof(int32_t)) != 0;
+                checked++;
+            }
+        }
+    }
+    CHECK(bad == 0, "top-k: %d of %d rows differ from the plain selection", bad, checked);
+    CHECK(pyllm_top_k(x, 8, 0, got) == PYLLM_ERR_SHAPE && pyllm_top_k(x, 8, 9, got) == PYLLM_ERR_SHAPE,
+          "top-k: k outside 1..n");
+}
+
 /* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail, 1 to 8
  * heads a KV head), so do the same rows as several sequences in one batch on 1 to 3 threads, and so does
  * plain multi-head attention with each head's KV head copied out for it (the GQA indexing). */
@@ -581,6 +618,7 @@ int main(void) {
     test_kv_cache_layer();
     test_rows_kernels_agree();
     test_row_kernels_agree();
+    test_top_k();
     test_string_index();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
