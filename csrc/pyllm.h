@@ -208,8 +208,8 @@ pyllm_string_index *pyllm_string_index_new(const char *blob, const int64_t *offs
                                            int64_t *first_repeat);
 int64_t pyllm_string_index_find(const pyllm_string_index *index, const char *text, int64_t len);  /* -1: absent */
 void pyllm_string_index_free(pyllm_string_index *index);
-/* The ids of the k largest of x[0..n) (no NaN), by value descending, equal values by id ascending:
- * the sampler's top-k. PYLLM_ERR_SHAPE unless 0 < k <= n <= INT32_MAX. */
+/* The ids of the k largest of x[0..n), by value descending, equal values by id ascending: the sampler's
+ * top-k (a row with NaN gives k valid ids in an unspecified order). PYLLM_ERR_SHAPE unless 0 < k <= n <= INT32_MAX. */
 int pyllm_top_k(const float *x, int64_t n, int64_t k, int32_t *ids);
 /* cffi-end */
 

@@ -229,7 +229,7 @@ typedef void (*vec_dot_rows_fn)(int64_t n, const void *w, const act_rows *group,
 int64_t act_row_scratch_bytes(int weight_type, int64_t n);
 void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n, void *scratch);
 
-/* vec_dot(n, w, row->rows[0]), bit for bit, from a row act_row_prepare laid out. */
+/* vec_dot(n, w, row->rows[0]), bit for bit (for scales that are not NaN), from a row act_row_prepare laid out. */
 typedef float (*vec_dot_row_fn)(int64_t n, const void *w, const act_rows *row);
 
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no

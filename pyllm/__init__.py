@@ -1,8 +1,13 @@
 """pyllm: CPU-first quantized LLM inference on GGUF models."""
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
 
 __all__ = ["Llama"]
+
+if TYPE_CHECKING:
+    from .llama import Llama
 
 
 def __getattr__(name: str):
@@ -11,5 +16,6 @@ def __getattr__(name: str):
     if name == "Llama":
         from .llama import Llama
 
+        globals()["Llama"] = Llama
         return Llama
     raise AttributeError(f"module 'pyllm' has no attribute {name!r}")

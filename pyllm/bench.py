@@ -90,7 +90,6 @@ def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetit
 
 def bench_generation(model: Model, path: str, n_gen: int, n_threads: int, repetitions: int) -> BenchRecord:
     tokens = _prompt_tokens(model, n_gen)
-
     cache = model.new_cache(n_gen)
 
     def run() -> None:
