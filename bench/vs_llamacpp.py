@@ -1,12 +1,16 @@
 """pyllm against llama.cpp's llama-bench, on the same files and thread counts, interleaved in one run.
 
     python bench/vs_llamacpp.py [MODEL ...] --llama-bench PATH [--threads 1,2] [-p 512] [-n 128] [-r 3]
+                                [--rounds 1]
 
 MODEL: paths or catalogue names (default: the three catalogue models). For each model and thread
-count, runs `llama-bench -p P -n N -t T -r R -o json` and then `pyllm bench` with the same settings,
+count, runs `llama-bench -p P -n N -t T -r R -o json` and `pyllm bench` with the same settings,
 each as its own process (so each one's peak RSS is its own, read from wait4), and prints a table:
 tokens/s of each for pp<P> and tg<N>, the ratio pyllm / llama.cpp, and the peak RSS of both.
-llama-bench comes from llama.cpp's sources, built as ../shared/LLAMACPP.md says. Not run in CI.
+With --rounds K the pair runs K times, which one goes first alternating, and the table gives the
+median of each one's tok/s, the median of the K ratios and their range: on a shared machine one
+pair's ratio can be 10-30% off the next one's. llama-bench comes from llama.cpp's sources, built as
+../shared/LLAMACPP.md says. Not run in CI.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,24 +62,41 @@ def main() -> None:
     parser.add_argument("-p", type=int, default=512)
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("-r", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of the pair per model and thread count")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     rows = []
     for name in args.models:
         model = catalogue.resolve(name)
         for threads in (int(t) for t in args.threads.split(",")):
-            theirs, rss_theirs = llama_bench(args.llama_bench, model, args.p, args.n, threads, args.r)
-            ours, rss_ours = pyllm_bench(model, args.p, args.n, threads, args.r)
+            runs: dict[str, list[tuple[dict, float]]] = {"llama.cpp": [], "pyllm": []}
+            for round_ in range(args.rounds):
+                order = ("llama.cpp", "pyllm") if round_ % 2 == 0 else ("pyllm", "llama.cpp")
+                for who in order:
+                    if who == "llama.cpp":
+                        runs[who].append(llama_bench(args.llama_bench, model, args.p, args.n, threads, args.r))
+                    else:
+                        runs[who].append(pyllm_bench(model, args.p, args.n, threads, args.r))
+            rss_theirs = max(rss for _, rss in runs["llama.cpp"])
+            rss_ours = max(rss for _, rss in runs["pyllm"])
             for key, test in (((args.p, 0), f"pp{args.p}"), ((0, args.n), f"tg{args.n}")):
-                a, b = theirs.get(key, float("nan")), ours.get(key, float("nan"))
-                rows.append((model.name, threads, test, a, b, b / a, rss_theirs, rss_ours))
-                print(f"{model.name} t={threads} {test}: llama.cpp {a:.1f}, pyllm {b:.1f} tok/s ({b / a:.2f}x)",
+                theirs = [r.get(key, float("nan")) for r, _ in runs["llama.cpp"]]
+                ours = [r.get(key, float("nan")) for r, _ in runs["pyllm"]]
+                ratios = [b / a for a, b in zip(theirs, ours, strict=True)]
+                a, b, ratio = statistics.median(theirs), statistics.median(ours), statistics.median(ratios)
+                rows.append((model.name, threads, test, a, b, ratio, min(ratios), max(ratios), rss_theirs, rss_ours))
+                spread = f", rounds {min(ratios):.2f}-{max(ratios):.2f}" if args.rounds > 1 else ""
+                print(f"{model.name} t={threads} {test}: llama.cpp {a:.1f}, pyllm {b:.1f} tok/s ({ratio:.2f}x{spread})",
                       flush=True)
-    print("\n| model | threads | test | llama.cpp tok/s | pyllm tok/s | pyllm / llama.cpp | peak RSS llama.cpp MB "
-          "| peak RSS pyllm MB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, threads, test, a, b, ratio, rss_a, rss_b in rows:
-        print(f"| {name} | {threads} | {test} | {a:.1f} | {b:.1f} | {ratio:.2f} | {rss_a:.0f} | {rss_b:.0f} |")
+    ranged = args.rounds > 1
+    print("\n| model | threads | test | llama.cpp tok/s | pyllm tok/s | pyllm / llama.cpp "
+          + ("| range over rounds " if ranged else "") + "| peak RSS llama.cpp MB | peak RSS pyllm MB |")
+    print("|---|---|---|---|---|---|" + ("---|" if ranged else "") + "---|---|")
+    for name, threads, test, a, b, ratio, low, high, rss_a, rss_b in rows:
+        spread = f" {low:.2f}-{high:.2f} |" if ranged else ""
+        print(f"| {name} | {threads} | {test} | {a:.1f} | {b:.1f} | {ratio:.2f} |{spread} {rss_a:.0f} | {rss_b:.0f} |")
 
 
 if __name__ == "__main__":
