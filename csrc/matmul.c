@@ -30,7 +30,7 @@ typedef struct {
     int64_t w_row_bytes;
     int64_t n, k, m;
     const float *x;        /* (m, k) */
-    uint8_t *act;          /* (m, act_row_bytes) */
+    uint8_t *act;          /* (m, act_row_bytes), in the call's one buffer */
     int64_t act_row_bytes;
     float *y;              /* (m, n) */
     act_rows *groups;      /* with a rows kernel: the X rows in groups of VEC_DOT_MAX_ROWS */
@@ -123,40 +123,38 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         .y = y,
     };
     if (job.kernel == NULL) return PYLLM_ERR_TYPE;
-    job.act = malloc((size_t)(m * job.act_row_bytes));
-    if (job.act == NULL) return PYLLM_ERR_NOMEM;
+
+    /* X rows in groups for the multi-row kernel (a last lone row goes to the single-row kernel); the rows no
+     * group holds (a decode step's one row) prepared for the row kernel where there is one */
+    if (job.rows_kernel != NULL && m > 1) {
+        job.n_groups = (m + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
+        if ((m - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
+    }
+    job.first_lone = job.n_groups * VEC_DOT_MAX_ROWS < m ? job.n_groups * VEC_DOT_MAX_ROWS : m;
+    const int64_t n_lone = job.row_kernel != NULL ? m - job.first_lone : 0;
+    /* One allocation for all a call prepares: the groups' and the lone rows' layouts (whole 64-byte lines, so
+     * no quants load splits one), their act_rows, then the X rows in the activation format */
+    const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(type, k);
+    const int64_t layout_bytes = job.n_groups * group_bytes + n_lone * row_bytes;
+    const int64_t header_bytes = ((job.n_groups + n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
+    uint8_t *buffer = aligned_alloc(64, (size_t)(layout_bytes + header_bytes + (m * job.act_row_bytes + 63) / 64 * 64));
+    if (buffer == NULL) return PYLLM_ERR_NOMEM;
+    job.groups = (act_rows *)(buffer + layout_bytes);
+    job.lone = n_lone > 0 ? job.groups + job.n_groups : NULL;
+    job.act = buffer + layout_bytes + header_bytes;
 
     const int quantize_threads = m < DECODE_ROWS ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
-    /* X rows in groups for the multi-row kernel (a last lone row goes to the single-row kernel) */
-    uint8_t *scratch = NULL;
-    if (status == PYLLM_OK && job.rows_kernel != NULL && m > 1) {
-        job.n_groups = (m + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
-        if ((m - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
-        const int64_t group_bytes = act_rows_scratch_bytes(type, k);
-        job.groups = malloc((size_t)job.n_groups * sizeof(act_rows));
-        scratch = aligned_alloc(64, (size_t)(job.n_groups * group_bytes));  /* whole lines: quants never split one */
-        if (job.groups == NULL || scratch == NULL) status = PYLLM_ERR_NOMEM;
-        for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
-            const int64_t r0 = gi * VEC_DOT_MAX_ROWS;
-            const int n_rows = m - r0 < VEC_DOT_MAX_ROWS ? (int)(m - r0) : VEC_DOT_MAX_ROWS;
-            const void *rows[VEC_DOT_MAX_ROWS];
-            for (int i = 0; i < n_rows; ++i) rows[i] = job.act + (r0 + i) * job.act_row_bytes;
-            act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, scratch + gi * group_bytes);
-        }
+    for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
+        const int64_t r0 = gi * VEC_DOT_MAX_ROWS;
+        const int n_rows = m - r0 < VEC_DOT_MAX_ROWS ? (int)(m - r0) : VEC_DOT_MAX_ROWS;
+        const void *rows[VEC_DOT_MAX_ROWS];
+        for (int i = 0; i < n_rows; ++i) rows[i] = job.act + (r0 + i) * job.act_row_bytes;
+        act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, buffer + gi * group_bytes);
     }
-    /* The rows no group holds (a decode step's one row), prepared for the row kernel where there is one */
-    uint8_t *lone_scratch = NULL;
-    job.first_lone = job.groups != NULL ? (job.n_groups * VEC_DOT_MAX_ROWS < m ? job.n_groups * VEC_DOT_MAX_ROWS : m) : 0;
-    if (status == PYLLM_OK && job.row_kernel != NULL && job.first_lone < m) {
-        const int64_t n_lone = m - job.first_lone, row_bytes = act_row_scratch_bytes(type, k);
-        job.lone = malloc((size_t)n_lone * sizeof(act_rows));
-        lone_scratch = aligned_alloc(64, (size_t)(n_lone * row_bytes));
-        if (job.lone == NULL || lone_scratch == NULL) status = PYLLM_ERR_NOMEM;
-        for (int64_t i = 0; status == PYLLM_OK && i < n_lone; ++i) {
-            act_row_prepare(&job.lone[i], type, job.act + (job.first_lone + i) * job.act_row_bytes, k,
-                            lone_scratch + i * row_bytes);
-        }
+    for (int64_t i = 0; status == PYLLM_OK && i < n_lone; ++i) {
+        act_row_prepare(&job.lone[i], type, job.act + (job.first_lone + i) * job.act_row_bytes, k,
+                        buffer + job.n_groups * group_bytes + i * row_bytes);
     }
     /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
      * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is
@@ -166,10 +164,6 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
-    free(job.groups);
-    free(scratch);
-    free(job.lone);
-    free(lone_scratch);
-    free(job.act);
+    free(buffer);
     return status;
 }
