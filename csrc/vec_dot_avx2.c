@@ -307,8 +307,22 @@ static inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
 }
 
+/* Four blocks' scales d (the first half of each block) as floats, in one vector. */
+#define BLOCK_SCALES4(blocks, b)                                                                              \
+    _mm_cvtph_ps(_mm_setr_epi16((short)(blocks)[b].d, (short)(blocks)[(b) + 1].d, (short)(blocks)[(b) + 2].d, \
+                                (short)(blocks)[(b) + 3].d, 0, 0, 0, 0))
+
+/* Q4_0's chain over four blocks, in order: acc = fmaf(sum_i, scale_i, acc). */
+static inline float q4_0_chain4(float acc, __m128 sums, __m128 scales) {
+    float sum[4], scale[4];
+    _mm_storeu_ps(sum, sums);
+    _mm_storeu_ps(scale, scales);
+    for (int i = 0; i < 4; ++i) acc = fmaf(sum[i], scale[i], acc);
+    return acc;
+}
+
 /* Q4_0 in its interleaved-layout order (see vec_dot_generic.c): each block's exact sum, one fmaf chain;
- * four blocks' sums at a time in one vector (totals4), then their four chain steps in order. */
+ * four blocks' sums at a time in one vector (totals4), their scales d_w * d_a in another. */
 static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
     const block_q4_0 *x = w;
     const block_q8_0 *y = act;
@@ -318,15 +332,11 @@ static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
     for (; b + 4 <= nb; b += 4) {
         prefetch_ahead(x + b);
         prefetch_ahead(x + b + 2);
-        int32_t sums[4];
-        _mm_storeu_si128((__m128i *)sums, totals4(lanes_signed(unpack_q4_0(x + b), y[b].qs),
-                                                  lanes_signed(unpack_q4_0(x + b + 1), y[b + 1].qs),
-                                                  lanes_signed(unpack_q4_0(x + b + 2), y[b + 2].qs),
-                                                  lanes_signed(unpack_q4_0(x + b + 3), y[b + 3].qs)));
-        for (int i = 0; i < 4; ++i) {
-            const float scale = _mm_cvtss_f32(_mm_mul_ss(block_halves(x + b + i), block_halves(y + b + i)));
-            acc = fmaf((float)sums[i], scale, acc);
-        }
+        const __m128i sums = totals4(lanes_signed(unpack_q4_0(x + b), y[b].qs),
+                                     lanes_signed(unpack_q4_0(x + b + 1), y[b + 1].qs),
+                                     lanes_signed(unpack_q4_0(x + b + 2), y[b + 2].qs),
+                                     lanes_signed(unpack_q4_0(x + b + 3), y[b + 3].qs));
+        acc = q4_0_chain4(acc, _mm_cvtepi32_ps(sums), _mm_mul_ps(BLOCK_SCALES4(x, b), BLOCK_SCALES4(y, b)));
     }
     for (; b < nb; ++b) {
         const int32_t sum = hsum_i32x8(lanes_signed(unpack_q4_0(x + b), y[b].qs));
@@ -350,15 +360,8 @@ static float vec_dot_row_q4_0_avx2(int64_t n, const void *w, const act_rows *a) 
                                               lanes_unsigned(unpack_nibbles32(x[b + 1].qs), q + QK32),
                                               lanes_unsigned(unpack_nibbles32(x[b + 2].qs), q + 2 * QK32),
                                               lanes_unsigned(unpack_nibbles32(x[b + 3].qs), q + 3 * QK32));
-        const __m128 sums = _mm_cvtepi32_ps(
-            _mm_sub_epi32(unsigned_sums, _mm_loadu_si128((const __m128i *)(a->block_offsets + b))));
-        const __m128 d_w = _mm_cvtph_ps(_mm_setr_epi16((short)x[b].d, (short)x[b + 1].d, (short)x[b + 2].d,
-                                                       (short)x[b + 3].d, 0, 0, 0, 0));
-        const __m128 scales = _mm_mul_ps(d_w, _mm_loadu_ps(a->scale + b));
-        float sum[4], scale[4];
-        _mm_storeu_ps(sum, sums);
-        _mm_storeu_ps(scale, scales);
-        for (int i = 0; i < 4; ++i) acc = fmaf(sum[i], scale[i], acc);
+        const __m128i sums = _mm_sub_epi32(unsigned_sums, _mm_loadu_si128((const __m128i *)(a->block_offsets + b)));
+        acc = q4_0_chain4(acc, _mm_cvtepi32_ps(sums), _mm_mul_ps(BLOCK_SCALES4(x, b), _mm_loadu_ps(a->scale + b)));
     }
     for (; b < nb; ++b) {
         const int32_t sum = hsum_i32x8(lanes_unsigned(unpack_nibbles32(x[b].qs), a->quants + QK32 * b)) - a->block_offsets[b];
