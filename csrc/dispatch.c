@@ -25,6 +25,7 @@ static const type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0_LANES] = {"Q4_0 (lanes)", QK32, sizeof(block_q4_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q4_1] = {"Q4_1", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q5_0] = {"Q5_0", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q5_0_G8] = {"Q5_0 (8-block groups)", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q8_0] = {"Q8_0", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), PYLLM_TYPE_Q8_K},

@@ -33,7 +33,10 @@ enum pyllm_type {
     /* Not a GGUF type: Q4_0 blocks reduced in the 8-lane order of the other 32-element formats, which
      * is llama.cpp's for a Q4_0 matrix it does not interleave (see quants.h). */
     PYLLM_TYPE_Q4_0_LANES = 31,
-    PYLLM_TYPE_COUNT = 32
+    /* Not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time
+     * (pyllm_group_q5_0; quants.h), the same values, sums and bits, fewer instructions a block. */
+    PYLLM_TYPE_Q5_0_G8 = 32,
+    PYLLM_TYPE_COUNT = 33
 };
 
 /* SIMD tiers, ordered: a CPU that runs a tier runs every lower one. */
@@ -71,6 +74,9 @@ int pyllm_physical_cores(void);
 
 /* src: n elements of `type` (n a multiple of its block size) -> dst[n] float32 */
 int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* A Q5_0 matrix (n_rows rows of n elements) into dst in the PYLLM_TYPE_Q5_0_G8 layout (as many bytes). */
+int pyllm_group_q5_0(const void *src, void *dst, int64_t n_rows, int64_t n);
 
 /* src[n] float32 -> dst: n elements of `type` (reference quantizers) */
 int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n);

@@ -136,6 +136,13 @@ static void dequantize_row_q5_0(const void *src, float *y, int64_t n) {
     }
 }
 
+static void dequantize_row_q5_0_g8(const void *src, float *y, int64_t n) {
+    for (int64_t b = 0; b < n / QK32; ++b, y += QK32) {
+        const block_q5_0 block = q5_0_g8_block(src, n / QK32, b);
+        dequantize_row_q5_0(&block, y, QK32);
+    }
+}
+
 static void dequantize_row_q5_1(const void *src, float *y, int64_t n) {
     const block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK32; ++i, y += QK32) {
@@ -260,6 +267,7 @@ const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_BF16] = dequantize_row_bf16, [PYLLM_TYPE_Q4_0] = dequantize_row_q4_0,
     [PYLLM_TYPE_Q4_0_LANES] = dequantize_row_q4_0,
     [PYLLM_TYPE_Q4_1] = dequantize_row_q4_1, [PYLLM_TYPE_Q5_0] = dequantize_row_q5_0,
+    [PYLLM_TYPE_Q5_0_G8] = dequantize_row_q5_0_g8,
     [PYLLM_TYPE_Q5_1] = dequantize_row_q5_1, [PYLLM_TYPE_Q8_0] = dequantize_row_q8_0,
     [PYLLM_TYPE_Q2_K] = dequantize_row_q2_K, [PYLLM_TYPE_Q3_K] = dequantize_row_q3_K,
     [PYLLM_TYPE_Q4_K] = dequantize_row_q4_K, [PYLLM_TYPE_Q5_K] = dequantize_row_q5_K,
@@ -473,10 +481,15 @@ static int64_t act_rows_blocks(int weight_type, int64_t n) {
     return pyllm_vec_dot_type(weight_type) == PYLLM_TYPE_Q8_K ? 0 : n / QK32;
 }
 
+/* Q5_0's kernels take the unsigned q (0..31) and each lane's share of the offset 16 apart. */
+static int has_lane_offsets(int weight_type) {
+    return weight_type == PYLLM_TYPE_Q5_0 || weight_type == PYLLM_TYPE_Q5_0_G8;
+}
+
 /* Scratch for a layout of `slots` rows a block (VEC_DOT_MAX_ROWS for a group, 1 for a lone row). */
 static int64_t layout_scratch_bytes(int weight_type, int64_t n, int slots) {
     const int64_t nb = act_rows_blocks(weight_type, n) * slots;
-    const int64_t offset_ints = weight_type == PYLLM_TYPE_Q5_0 ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
+    const int64_t offset_ints = has_lane_offsets(weight_type) ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
     const int64_t bytes = nb * QK32 + nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
     return bytes > 0 ? (bytes + 63) / 64 * 64 : 64;  /* at least a line, so a group's scratch always exists */
 }
@@ -496,7 +509,7 @@ static void prepare_layout(act_rows *group, int weight_type, const void *const *
     group->quants = nb ? quants : NULL;
     group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
-    group->offsets = weight_type == PYLLM_TYPE_Q5_0 ? offsets : NULL;
+    group->offsets = has_lane_offsets(weight_type) ? offsets : NULL;
     group->block_offsets = weight_type == PYLLM_TYPE_Q4_0 ? offsets : NULL;
     for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) group->rows[r] = rows[r < n_rows ? r : 0];
     for (int r = 0; r < slots; ++r) {
@@ -538,4 +551,33 @@ void act_rows_prepare(act_rows *group, int weight_type, const void *const *rows,
 void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n, void *scratch) {
     const void *rows[1] = {act};
     prepare_layout(row, weight_type, rows, 1, n, scratch, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Q5_0 regrouped (PYLLM_TYPE_Q5_0_G8)                                       */
+/* ------------------------------------------------------------------------ */
+
+int pyllm_group_q5_0(const void *src, void *dst, int64_t n_rows, int64_t n) {
+    if (n_rows < 0 || n <= 0 || n % QK32 != 0) return PYLLM_ERR_SHAPE;
+    const int64_t nb = n / QK32, row_bytes = nb * (int64_t)sizeof(block_q5_0);
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const block_q5_0 *blocks = (const block_q5_0 *)((const uint8_t *)src + r * row_bytes);
+        uint8_t *row = (uint8_t *)dst + r * row_bytes;
+        group_q5_0 *groups = (group_q5_0 *)row;
+        for (int64_t gi = 0; gi < nb / 8; ++gi) {
+            group_q5_0 *g = &groups[gi];
+            memset(g->qh, 0, sizeof g->qh);
+            for (int k = 0; k < 8; ++k) {
+                const block_q5_0 *b = &blocks[8 * gi + k];
+                const uint32_t bits = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
+                                      (uint32_t)b->qh[3] << 24;
+                g->d[k] = b->d;
+                memcpy(g->qs[k], b->qs, sizeof g->qs[k]);
+                for (int j = 0; j < QK32; ++j) g->qh[j] |= (uint8_t)(((bits >> j) & 1) << k);
+            }
+        }
+        memcpy(row + nb / 8 * (int64_t)sizeof(group_q5_0), blocks + nb / 8 * 8,
+               (size_t)(nb % 8) * sizeof(block_q5_0));
+    }
+    return PYLLM_OK;
 }

@@ -70,6 +70,34 @@ typedef struct {
 } block_q5_0;
 static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 
+/* PYLLM_TYPE_Q5_0_G8: a row's Q5_0 blocks eight at a time, in the same 176 bytes: the eight scales, then
+ * qh[j] holding block k's fifth bit of element j in bit k, then the eight blocks' nibbles. The row's last
+ * n_blocks % 8 blocks stay plain Q5_0. A kernel takes the eight scales in one load and a block's fifth bits
+ * by one shift and mask, where a plain block needs its bits spread to bytes. */
+typedef struct {
+    fp16_t d[8];
+    uint8_t qh[QK32];
+    uint8_t qs[8][QK32 / 2];
+} group_q5_0;
+static_assert(sizeof(group_q5_0) == 8 * sizeof(block_q5_0), "group_q5_0 size");
+
+/* Block b of a Q5_0_G8 row of nb blocks, as the plain block it was. */
+static inline block_q5_0 q5_0_g8_block(const void *row, int64_t nb, int64_t b) {
+    block_q5_0 out;
+    if (b >= nb / 8 * 8) {
+        memcpy(&out, (const uint8_t *)row + b * (int64_t)sizeof(block_q5_0), sizeof out);
+        return out;
+    }
+    const group_q5_0 *g = (const group_q5_0 *)row + b / 8;
+    const int k = (int)(b % 8);
+    uint32_t bits = 0;
+    for (int j = 0; j < QK32; ++j) bits |= (uint32_t)((g->qh[j] >> k) & 1) << j;
+    out.d = g->d[k];
+    memcpy(out.qh, &bits, 4);  /* little-endian, as GGUF */
+    memcpy(out.qs, g->qs[k], sizeof out.qs);
+    return out;
+}
+
 /* 6 bits/weight: x = d * q + m */
 typedef struct {
     fp16_t d;

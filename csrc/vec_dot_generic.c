@@ -96,6 +96,19 @@ static float vec_dot_q5_0_q8_0_generic(int64_t n, const void *w, const void *act
     return reduce_lanes8(acc);
 }
 
+/* The same blocks regrouped: each rebuilt as it was, then Q5_0's steps. */
+static float vec_dot_q5_0_g8_q8_0_generic(int64_t n, const void *w, const void *act) {
+    const block_q8_0 *y = act;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const block_q5_0 x = q5_0_g8_block(w, n / QK32, b);
+        int8_t q[QK32];
+        unpack_q5(x.qh, x.qs, 16, q);
+        chain_block(acc, fp16_to_fp32(x.d) * fp16_to_fp32(y[b].d), q, y[b].qs);
+    }
+    return reduce_lanes8(acc);
+}
+
 static float vec_dot_q5_1_q8_1_generic(int64_t n, const void *w, const void *act) {
     const block_q5_1 *x = w;
     const block_q8_1 *y = act;
@@ -280,6 +293,7 @@ const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_BF16] = vec_dot_bf16_bf16_generic, [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_generic,
     [PYLLM_TYPE_Q4_0_LANES] = vec_dot_q4_0_lanes_q8_0_generic,
     [PYLLM_TYPE_Q4_1] = vec_dot_q4_1_q8_1_generic, [PYLLM_TYPE_Q5_0] = vec_dot_q5_0_q8_0_generic,
+    [PYLLM_TYPE_Q5_0_G8] = vec_dot_q5_0_g8_q8_0_generic,
     [PYLLM_TYPE_Q5_1] = vec_dot_q5_1_q8_1_generic, [PYLLM_TYPE_Q8_0] = vec_dot_q8_0_q8_0_generic,
     [PYLLM_TYPE_Q2_K] = vec_dot_q2_K_q8_K_generic, [PYLLM_TYPE_Q3_K] = vec_dot_q3_K_q8_K_generic,
     [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_generic, [PYLLM_TYPE_Q5_K] = vec_dot_q5_K_q8_K_generic,

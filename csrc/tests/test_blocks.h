@@ -5,6 +5,8 @@
 #ifndef PYLLM_TEST_BLOCKS_H
 #define PYLLM_TEST_BLOCKS_H
 
+#include <stdlib.h>
+
 #include "../quants.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -41,7 +43,7 @@ static inline uint8_t fill_byte(int mode) {
 }
 
 /* n elements of weight `type` in dst, quant bytes by `mode`, then finite scales. */
-static inline void random_weights(int type, uint8_t *dst, int64_t n, int mode) {
+static inline void random_blocks(int type, uint8_t *dst, int64_t n, int mode) {
     const int64_t bs = pyllm_type_block_size(type), ts = pyllm_type_size(type), nb = n / bs;
     for (int64_t i = 0; i < nb * ts; ++i) dst[i] = fill_byte(mode);
     for (int64_t b = 0; b < nb; ++b) {
@@ -64,9 +66,22 @@ static inline void random_weights(int type, uint8_t *dst, int64_t n, int mode) {
     }
 }
 
+/* n_rows rows of n elements of weight `type` (Q5_0_G8: random Q5_0 rows, regrouped). */
+static inline void random_weights(int type, uint8_t *dst, int64_t n_rows, int64_t n, int mode) {
+    if (type != PYLLM_TYPE_Q5_0_G8) {
+        random_blocks(type, dst, n_rows * n, mode);
+        return;
+    }
+    const size_t bytes = (size_t)(n_rows * n / QK32) * sizeof(block_q5_0);
+    uint8_t *plain = malloc(bytes);
+    random_blocks(PYLLM_TYPE_Q5_0, plain, n_rows * n, mode);
+    pyllm_group_q5_0(plain, dst, n_rows, n);
+    free(plain);
+}
+
 static const int weight_types[] = {
     PYLLM_TYPE_F32, PYLLM_TYPE_F16, PYLLM_TYPE_BF16, PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q4_1,
-    PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q2_K, PYLLM_TYPE_Q3_K,
+    PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_0_G8, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q2_K, PYLLM_TYPE_Q3_K,
     PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q5_K, PYLLM_TYPE_Q6_K,
 };
 #define N_WEIGHT_TYPES (int)(sizeof(weight_types) / sizeof(weight_types[0]))

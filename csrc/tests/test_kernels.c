@@ -64,7 +64,7 @@ static void test_tiers_agree(void) {
             float *wf = malloc((size_t)n * sizeof(float));
             float *xf = malloc((size_t)n * sizeof(float));
             uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-            random_weights(type, w, n, FILL_RANDOM);
+            random_weights(type, w, 1, n, FILL_RANDOM);
             for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
             if (blocks == 3) {  /* a zero activation row and zero weights */
                 memset(x, 0, (size_t)n * sizeof(float));
@@ -96,7 +96,7 @@ static void test_tiers_agree(void) {
 }
 
 static void test_matmul_invariance(void) {
-    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K,
+    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q5_0_G8, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K,
                          PYLLM_TYPE_F16};
     const int64_t n = 37, k = 512, m = 7;
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
@@ -105,7 +105,7 @@ static void test_matmul_invariance(void) {
         float *x = malloc((size_t)(m * k) * sizeof(float));
         float *y_all = malloc((size_t)(m * n) * sizeof(float));
         float *y_one = malloc((size_t)n * sizeof(float));
-        random_weights(type, w, n * k, FILL_RANDOM);
+        random_weights(type, w, n, k, FILL_RANDOM);
         for (int64_t i = 0; i < m * k; ++i) x[i] = rng_float(-1, 1);
         for (int threads = 1; threads <= 3; ++threads) {
             CHECK(pyllm_matmul(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");
@@ -174,7 +174,7 @@ static void test_rows_kernels_agree(void) {
                 uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
                 uint8_t *act[MAX_ROWS];
                 float *x = malloc((size_t)n * sizeof(float));
-                random_weights(type, w, n, FILL_RANDOM);
+                random_weights(type, w, 1, n, FILL_RANDOM);
                 for (int r = 0; r < MAX_ROWS; ++r) {
                     act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
                     for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
@@ -227,7 +227,7 @@ static void test_row_kernels_agree(void) {
                 uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
                 float *x = malloc((size_t)n * sizeof(float));
                 uint8_t *scratch = aligned_alloc(64, (size_t)act_row_scratch_bytes(type, n));
-                random_weights(type, w, n, mode);
+                random_weights(type, w, 1, n, mode);
                 for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
                 pyllm_quantize_activations(type, x, act, n);
                 act_rows row;
@@ -245,7 +245,7 @@ static void test_row_kernels_agree(void) {
         const int64_t n = bs * BLOCKS, row_bytes = BLOCKS * pyllm_type_size(type);
         uint8_t *w = malloc((size_t)(N_OUT * row_bytes)), *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
         float x[7 * 256], y[N_OUT];
-        random_weights(type, w, n * N_OUT, FILL_RANDOM);
+        random_weights(type, w, N_OUT, n, FILL_RANDOM);
         for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
         pyllm_quantize_activations(type, x, act, n);
         for (int threads = 1; threads <= 3; ++threads) {
@@ -265,6 +265,46 @@ static void test_row_kernels_agree(void) {
 
 /* Top-k against picking the best remaining entry k times (value descending, ties by id), on rows below and
  * above the size where the slice-maxima floor starts, random, ascending and with many ties. */
+/* Q5_0 regrouped (Q5_0_G8) is Q5_0: the same values, and the same bits from every tier's vec_dot and from
+ * matmul (its lone-row, 4-row and 8-row kernels) on 1..20 blocks a row: groups, plain blocks after them, both. */
+static void test_grouped_q5_0_is_q5_0(void) {
+    enum { N_OUT = 5, M_MAX = 11 };
+    const int best = pyllm_cpu_best_tier();
+    for (int blocks = 1; blocks <= 20; ++blocks) {
+        const int64_t n = QK32 * blocks, row_bytes = blocks * (int64_t)sizeof(block_q5_0);
+        uint8_t *plain = malloc((size_t)(N_OUT * row_bytes)), *grouped = malloc((size_t)(N_OUT * row_bytes));
+        uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(PYLLM_TYPE_Q5_0, n));
+        float *x = malloc((size_t)(M_MAX * n) * sizeof(float)), *y_plain = malloc(M_MAX * N_OUT * sizeof(float));
+        float *y_grouped = malloc(M_MAX * N_OUT * sizeof(float));
+        float *f_plain = malloc((size_t)n * sizeof(float)), *f_grouped = malloc((size_t)n * sizeof(float));
+        random_weights(PYLLM_TYPE_Q5_0, plain, N_OUT, n, blocks % 3 == 0 ? 5 : FILL_RANDOM);
+        CHECK(pyllm_group_q5_0(plain, grouped, N_OUT, n) == PYLLM_OK, "group");
+        for (int64_t i = 0; i < M_MAX * n; ++i) x[i] = rng_float(-1, 1);
+        pyllm_quantize_activations(PYLLM_TYPE_Q5_0, x, act, n);
+        for (int r = 0; r < N_OUT; ++r) {
+            pyllm_dequantize_row(PYLLM_TYPE_Q5_0, plain + r * row_bytes, f_plain, n);
+            pyllm_dequantize_row(PYLLM_TYPE_Q5_0_G8, grouped + r * row_bytes, f_grouped, n);
+            CHECK(memcmp(f_plain, f_grouped, (size_t)n * sizeof(float)) == 0, "blocks=%d row %d: values differ", blocks, r);
+            for (int tier = 0; tier <= best; ++tier) {
+                float a, b;
+                CHECK(pyllm_vec_dot(tier, PYLLM_TYPE_Q5_0, plain + r * row_bytes, act, n, &a) == PYLLM_OK &&
+                      pyllm_vec_dot(tier, PYLLM_TYPE_Q5_0_G8, grouped + r * row_bytes, act, n, &b) == PYLLM_OK &&
+                      memcmp(&a, &b, 4) == 0, "blocks=%d tier %s: vec_dot %.9g != Q5_0's %.9g", blocks,
+                      pyllm_tier_name(tier), b, a);
+            }
+        }
+        for (int m = 1; m <= M_MAX; m += 3) {
+            for (int threads = 1; threads <= 2; ++threads) {
+                CHECK(pyllm_matmul(PYLLM_TYPE_Q5_0, plain, N_OUT, n, x, m, y_plain, threads) == PYLLM_OK &&
+                      pyllm_matmul(PYLLM_TYPE_Q5_0_G8, grouped, N_OUT, n, x, m, y_grouped, threads) == PYLLM_OK &&
+                      memcmp(y_plain, y_grouped, (size_t)(m * N_OUT) * sizeof(float)) == 0,
+                      "blocks=%d m=%d threads=%d: matmul differs from Q5_0's", blocks, m, threads);
+            }
+        }
+        free(plain); free(grouped); free(act); free(x); free(y_plain); free(y_grouped); free(f_plain); free(f_grouped);
+    }
+}
+
 static void test_top_k(void) {
     enum { MAX_N = 9000, MAX_K = 300 };
     static float x[MAX_N];
@@ -618,6 +658,7 @@ int main(void) {
     test_kv_cache_layer();
     test_rows_kernels_agree();
     test_row_kernels_agree();
+    test_grouped_q5_0_is_q5_0();
     test_top_k();
     test_string_index();
     printf("%d passed, %d failed\n", passed, failed);

@@ -43,7 +43,7 @@ static void bench(int best) {
         uint8_t *w = malloc((size_t)(row_bytes * rows));
         float *x = malloc((size_t)n * sizeof(float));
         uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-        random_weights(type, w, n * rows, FILL_RANDOM);
+        random_weights(type, w, rows, n, FILL_RANDOM);
         for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
         make_activations(type, act, x, n);
         printf("%-6s", pyllm_type_name(type));
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
                 uint8_t *w = malloc((size_t)(len * pyllm_type_size(type)));
                 float *x = malloc((size_t)n * sizeof(float));
                 uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-                random_weights(type, w, n, wmode);
+                random_weights(type, w, 1, n, wmode);
                 for (int64_t i = 0; i < n; ++i) x[i] = (it % 7 == 6) ? 0.0f : rng_float(-1, 1);
                 make_activations(type, act, x, n);
                 const float ref = vec_dot_table_generic[type](n, w, act);
