@@ -515,6 +515,16 @@ class GGUFFile:
         data = np.frombuffer(self._buffer(), np.uint8, info.n_bytes, info.offset)
         return data.reshape(info.n_rows, info.row_bytes)
 
+    def release(self, name: str) -> None:
+        """Done with tensor `name`'s bytes for now (a copy replaced them): its pages leave this process's
+        resident set; a later read of the tensor maps them in again from the file."""
+        info = self._info(name)
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page
+        end = (info.offset + info.n_bytes) // page * page
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._buffer().madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def array(self, name: str) -> np.ndarray:
         """Tensor `name` as a read-only view: F32 and F16 typed, in numpy order (shape[::-1]);
         other types as the uint8 rows of `raw()`."""

@@ -35,7 +35,7 @@ class Tensor:
     data: np.ndarray
     type: int
     shape: tuple[int, ...]   # GGUF order: shape[0] is the row length
-    matrix: kernels.WeightMatrix  # the same blocks, checked once for matmuls
+    matrix: kernels.WeightMatrix  # the same values, checked once for matmuls (Q5_0: regrouped, Weights.tensor)
 
 
 @dataclass
@@ -62,10 +62,10 @@ class Weights:
     def __init__(self, f: GGUFFile, cfg: Config) -> None:
         self._f = f
         fam = cfg.family
-        self.token_embd = self.tensor("token_embd.weight")
+        tied = "output.weight" not in f.tensors  # tied output (gemma, small llamas) reuses the embedding matrix
+        self.token_embd = self.tensor("token_embd.weight", matmul=tied)
         self.output_norm = self.vector("output_norm.weight")
-        # tied output (gemma, small llamas) reuses the embedding matrix
-        self.output = self.tensor("output.weight") if "output.weight" in f.tensors else self.token_embd
+        self.output = self.token_embd if tied else self.tensor("output.weight")
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
@@ -92,15 +92,20 @@ class Weights:
             raise ArchitectureError(f"{self._f.path}: missing tensor {name}")
         return info
 
-    def tensor(self, name: str) -> Tensor:
+    def tensor(self, name: str, matmul: bool = True) -> Tensor:
         """A matrix. llama.cpp interleaves a Q4_0 matrix whose row count is a multiple of 8 (and reduces it in
-        that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES)."""
+        that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES). A Q5_0
+        matrix the matmuls read (`matmul`) is regrouped into a copy (Q5_0_G8: the same bits, faster kernels)
+        and its pages in the mapping released."""
         info = self._info(name)
         raw = self._f.raw(name)
-        matmul_type = info.type
+        matmul_type, matrix = info.type, raw
         if info.type == kernels.GGMLType.Q4_0 and raw.shape[0] % 8:
             matmul_type = kernels.GGMLType.Q4_0_LANES
-        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(raw, matmul_type, info.shape[0]))
+        elif info.type == kernels.GGMLType.Q5_0 and matmul:
+            matmul_type, matrix = kernels.GGMLType.Q5_0_G8, kernels.group_q5_0(raw)
+            self._f.release(name)
+        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(matrix, matmul_type, info.shape[0]))
 
     def vector(self, name: str) -> np.ndarray:
         """A small tensor (norm weight, bias) as float32."""

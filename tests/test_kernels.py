@@ -20,15 +20,22 @@ from pyllm import kernels
 from pyllm.gguf import TYPE_TRAITS, GGUFFile
 from pyllm.kernels import GGMLType, KernelError
 
-# the GGUF weight types (Q8_K, Q8_1: activations only; Q4_0_LANES: Q4_0 blocks in another reduction order)
-WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, GGMLType.Q4_0_LANES)]
+# the GGUF weight types (Q8_K, Q8_1: activations only; Q4_0_LANES: Q4_0 blocks in another reduction order;
+# Q5_0_G8: Q5_0 blocks regrouped)
+KERNEL_ONLY_TYPES = (GGMLType.Q4_0_LANES, GGMLType.Q5_0_G8)
+WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, *KERNEL_ONLY_TYPES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
-MATMUL_TYPES = WEIGHT_TYPES + [GGMLType.Q4_0_LANES]
+MATMUL_TYPES = WEIGHT_TYPES + list(KERNEL_ONLY_TYPES)
 
 
 def layout(type_id: GGMLType) -> GGMLType:
     """The GGUF type whose blocks a kernel type reads."""
-    return GGMLType.Q4_0 if type_id == GGMLType.Q4_0_LANES else type_id
+    return {GGMLType.Q4_0_LANES: GGMLType.Q4_0, GGMLType.Q5_0_G8: GGMLType.Q5_0}.get(type_id, type_id)
+
+
+def kernel_rows(type_id: GGMLType, rows: np.ndarray) -> np.ndarray:
+    """GGUF blocks (n_rows, row_bytes) as the kernel type reads them: Q5_0_G8 regroups each row."""
+    return kernels.group_q5_0(rows) if type_id == GGMLType.Q5_0_G8 else rows
 
 # byte offsets of the fp16 scale fields inside one block of each format
 FP16_FIELDS = {
@@ -203,7 +210,7 @@ def test_vec_dot_tiers_agree_and_match_float_dot(type_id: GGMLType) -> None:
         blocks = random_blocks(type_id, n // block_size, rng)
         if n_units == 9:  # the zero block last instead of first
             blocks = np.roll(blocks, -1, axis=0)
-        w = blocks.reshape(-1)
+        w = kernel_rows(type_id, blocks.reshape(1, -1)).reshape(-1)
         x = rng.standard_normal(n).astype(np.float32)
         act = kernels.quantize_activations(x, type_id)
         ref = kernels.vec_dot(type_id, w, act, n, tier="generic")
@@ -238,7 +245,7 @@ def test_matmul_matches_reference_and_rows_are_invariant(type_id: GGMLType) -> N
     rng = np.random.default_rng(200 + int(type_id))
     k = 512
     n = 67  # odd, and not a multiple of the 16-row tile
-    w = random_blocks(type_id, n * k // TYPE_TRAITS[layout(type_id)][1], rng).reshape(n, -1)
+    w = kernel_rows(type_id, random_blocks(type_id, n * k // TYPE_TRAITS[layout(type_id)][1], rng).reshape(n, -1))
     wf = kernels.dequantize(w, type_id).astype(np.float64)
     for m in (1, 2, 7, 64):
         x = rng.standard_normal((m, k)).astype(np.float32)
@@ -253,6 +260,25 @@ def test_matmul_matches_reference_and_rows_are_invariant(type_id: GGMLType) -> N
             np.testing.assert_array_equal(bits(kernels.matmul(w, type_id, x, n_threads=threads)), bits(y))
         for r in range(m):
             np.testing.assert_array_equal(bits(kernels.matmul(w, type_id, x[r], n_threads=1 + r % 3)), bits(y[r]))
+
+
+@pytest.mark.parametrize("n_blocks", [1, 7, 8, 9, 16, 28])
+def test_grouped_q5_0_is_q5_0(n_blocks: int) -> None:
+    """Q5_0 regrouped (the layout the model's Q5_0 matrices get): the same values, and matmul's same bits for
+    lone rows, decode batches and prompts, with groups, plain blocks after them, or both."""
+    rng = np.random.default_rng(n_blocks)
+    w = random_blocks(GGMLType.Q5_0, 9 * n_blocks, rng).reshape(9, -1)
+    grouped = kernels.group_q5_0(w)
+    if n_blocks >= 8:
+        assert not np.array_equal(grouped, w)
+    np.testing.assert_array_equal(bits(kernels.dequantize(grouped, GGMLType.Q5_0_G8)),
+                                  bits(kernels.dequantize(w, GGMLType.Q5_0)))
+    for m in (1, 4, 9, 33):
+        x = rng.standard_normal((m, 32 * n_blocks)).astype(np.float32)
+        np.testing.assert_array_equal(bits(kernels.matmul(grouped, GGMLType.Q5_0_G8, x, n_threads=2)),
+                                      bits(kernels.matmul(w, GGMLType.Q5_0, x, n_threads=2)))
+    with pytest.raises(KernelError, match="whole blocks"):
+        kernels.group_q5_0(w[:, :21])
 
 
 def test_matmul_on_real_mmapped_weights(gemma_path) -> None:

@@ -25,6 +25,7 @@ from fixture_models import (
 )
 from gguf import GGMLQuantizationType as Q
 
+from pyllm import kernels
 from pyllm.arch import FAMILIES, ArchitectureError
 from pyllm.gguf import GGUFFile
 from pyllm.model import ContextFullError, Model
@@ -326,3 +327,18 @@ def test_c_blocks_equal_the_step_by_step_reference(tmp_path: Path, arch: str, we
         for gl, wl in zip(g.layers, w.layers, strict=True):
             np.testing.assert_array_equal(gl.k.view(np.uint16), wl.k.view(np.uint16))
             np.testing.assert_array_equal(gl.positions, wl.positions)
+
+
+def test_q5_0_matrices_are_read_regrouped(tmp_path: Path) -> None:
+    """The matmuls read a Q5_0 matrix from its regrouped copy (Q5_0_G8); the tensor's own bytes stay the file's."""
+    path = tmp_path / "m.gguf"
+    write_fixture_model(path, "qwen2", Q.Q5_0)
+    with GGUFFile(path) as f:
+        weights = Model(f, n_threads=1).weights
+        for name, tensor in (("blk.0.attn_q.weight", weights.layers[0].wq),
+                             ("blk.0.ffn_up.weight", weights.layers[0].w_up)):
+            raw = f.raw(name)
+            assert tensor.matrix.type == kernels.GGMLType.Q5_0_G8
+            np.testing.assert_array_equal(tensor.data, raw)
+            np.testing.assert_array_equal(tensor.matrix.data, kernels.group_q5_0(raw))
+        assert weights.output.matrix.type == kernels.GGMLType.Q5_0_G8  # qwen2's own output matrix
