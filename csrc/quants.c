@@ -122,8 +122,7 @@ static void dequantize_row_q4_1(const void *src, float *y, int64_t n) {
 
 /* The 5-bit quant j (0..31) of a Q5_0 / Q5_1 block. */
 static inline int q5_value(const uint8_t qh[4], const uint8_t qs[16], int j) {
-    const uint32_t high_bits = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
-                               (uint32_t)qh[3] << 24;
+    const uint32_t high_bits = q5_high_bits(qh);
     const int low = j < 16 ? (qs[j] & 0xF) : (qs[j - 16] >> 4);
     return low | (int)((high_bits >> j) & 1) << 4;
 }
@@ -569,8 +568,7 @@ int pyllm_group_q5_0(const void *src, void *dst, int64_t n_rows, int64_t n) {
             memset(g->qh, 0, sizeof g->qh);
             for (int k = 0; k < 8; ++k) {
                 const block_q5_0 *b = &blocks[8 * gi + k];
-                const uint32_t bits = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
-                                      (uint32_t)b->qh[3] << 24;
+                const uint32_t bits = q5_high_bits(b->qh);
                 g->d[k] = b->d;
                 memcpy(g->qs[k], b->qs, sizeof g->qs[k]);
                 for (int j = 0; j < QK32; ++j) g->qh[j] |= (uint8_t)(((bits >> j) & 1) << k);

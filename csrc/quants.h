@@ -81,6 +81,11 @@ typedef struct {
 } group_q5_0;
 static_assert(sizeof(group_q5_0) == 8 * sizeof(block_q5_0), "group_q5_0 size");
 
+/* A Q5_0 / Q5_1 block's 32 fifth bits: bit j is element j's. */
+static inline uint32_t q5_high_bits(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
 /* Block b of a Q5_0_G8 row of nb blocks, as the plain block it was. */
 static inline block_q5_0 q5_0_g8_block(const void *row, int64_t nb, int64_t b) {
     block_q5_0 out;
@@ -90,10 +95,9 @@ static inline block_q5_0 q5_0_g8_block(const void *row, int64_t nb, int64_t b) {
     }
     const group_q5_0 *g = (const group_q5_0 *)row + b / 8;
     const int k = (int)(b % 8);
-    uint32_t bits = 0;
-    for (int j = 0; j < QK32; ++j) bits |= (uint32_t)((g->qh[j] >> k) & 1) << j;
     out.d = g->d[k];
-    memcpy(out.qh, &bits, 4);  /* little-endian, as GGUF */
+    memset(out.qh, 0, sizeof out.qh);
+    for (int j = 0; j < QK32; ++j) out.qh[j / 8] |= (uint8_t)(((g->qh[j] >> k) & 1) << (j % 8));
     memcpy(out.qs, g->qs[k], sizeof out.qs);
     return out;
 }

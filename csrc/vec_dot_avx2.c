@@ -381,7 +381,13 @@ static float vec_dot_row_q5_0_g8_avx2(int64_t n, const void *w, const act_rows *
     return lanes_total(row32_blocks(acc, n_grouped, n, w, a, FMT_Q5_0));  /* the plain blocks: b at b * 22 bytes */
 }
 
-/* Q5_0_G8 over a q8_0 row: Q5_0's steps (vec_dot_q5_0_q8_0_avx2's signed quants), a group's blocks by unpack_g8. */
+/* One Q5_0 block over a q8_0 block, as vec_dot_q5_0_q8_0_avx2 takes it: q - 16 signed, the scale d_w * d_a. */
+static inline __m256 q5_0_step(__m256 acc, __m256i q_signed, __m128 wd, const block_q8_0 *y) {
+    const __m256 scale = _mm256_broadcastss_ps(_mm_mul_ss(wd, block_halves(y)));
+    return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes_signed(q_signed, y->qs)), acc);
+}
+
+/* Q5_0_G8 over a q8_0 row: Q5_0's steps, a group's blocks by unpack_g8, then the plain blocks. */
 static float vec_dot_q5_0_g8_q8_0_avx2(int64_t n, const void *w, const void *act) {
     const group_q5_0 *x = w;
     const block_q8_0 *y = act;
@@ -393,23 +399,23 @@ static float vec_dot_q5_0_g8_q8_0_avx2(int64_t n, const void *w, const void *act
         const __m256i qh = load32(g->qh);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; ++k) {
-            const __m128 wd = _mm_cvtph_ps(_mm_cvtsi32_si128(g->d[k])), yd = block_halves(y + b + k);
-            const __m256i q = _mm256_sub_epi8(unpack_g8(g, qh, k), _mm256_set1_epi8(16));
-            acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(wd, yd)), _mm256_cvtepi32_ps(lanes_signed(q, y[b + k].qs)),
-                                  acc);
+            acc = q5_0_step(acc, _mm256_sub_epi8(unpack_g8(g, qh, k), _mm256_set1_epi8(16)),
+                            _mm_cvtph_ps(_mm_cvtsi32_si128(g->d[k])), y + b + k);
         }
     }
     const block_q5_0 *plain = w;  /* the blocks after the groups: b at b * 22 bytes */
-    for (int64_t b = n_grouped; b < nb; ++b) {
-        const __m128 wd = block_halves(plain + b), yd = block_halves(y + b);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(wd, yd)),
-                              _mm256_cvtepi32_ps(lanes_signed(unpack_q5_0(plain + b), y[b].qs)), acc);
-    }
+    for (int64_t b = n_grouped; b < nb; ++b) acc = q5_0_step(acc, unpack_q5_0(plain + b), block_halves(plain + b), y + b);
     return lanes_total(acc);
 }
 
 static float vec_dot_row_q5_0_avx2(int64_t n, const void *w, const act_rows *a) { return row32(n, w, a, FMT_Q5_0); }
 static float vec_dot_row_q8_0_avx2(int64_t n, const void *w, const act_rows *a) { return row32(n, w, a, FMT_Q8_0); }
+
+/* Four Q4_0 blocks (72 bytes, at most two lines) ahead. */
+static inline __attribute__((always_inline)) void prefetch_q4_0x4(const block_q4_0 *x) {
+    prefetch_ahead(x);
+    prefetch_ahead(x + 2);
+}
 
 /* The 4 int totals of 4 vectors of 8 int32 lanes, in one vector. */
 static inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
@@ -441,8 +447,7 @@ static float vec_dot_q4_0_q8_0_avx2(int64_t n, const void *w, const void *act) {
     float acc = 0.0f;
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
-        prefetch_ahead(x + b);
-        prefetch_ahead(x + b + 2);
+        prefetch_q4_0x4(x + b);
         const __m128i sums = totals4(lanes_signed(unpack_q4_0(x + b), y[b].qs),
                                      lanes_signed(unpack_q4_0(x + b + 1), y[b + 1].qs),
                                      lanes_signed(unpack_q4_0(x + b + 2), y[b + 2].qs),
@@ -464,8 +469,7 @@ static float vec_dot_row_q4_0_avx2(int64_t n, const void *w, const act_rows *a) 
     float acc = 0.0f;
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
-        prefetch_ahead(x + b);
-        prefetch_ahead(x + b + 2);
+        prefetch_q4_0x4(x + b);
         const int8_t *q = a->quants + QK32 * b;
         const __m128i unsigned_sums = totals4(lanes_unsigned(unpack_nibbles32(x[b].qs), q),
                                               lanes_unsigned(unpack_nibbles32(x[b + 1].qs), q + QK32),

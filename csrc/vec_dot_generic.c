@@ -33,8 +33,7 @@ static void unpack_q4(const uint8_t qs[16], int offset, int8_t q[QK32]) {
 }
 
 static void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], int offset, int8_t q[QK32]) {
-    const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
-                          (uint32_t)qh[3] << 24;
+    const uint32_t high = q5_high_bits(qh);
     for (int j = 0; j < 16; ++j) {
         q[j] = (int8_t)(((qs[j] & 0xF) | ((high >> j) & 1) << 4) - offset);
         q[j + 16] = (int8_t)(((qs[j] >> 4) | ((high >> (j + 16)) & 1) << 4) - offset);
