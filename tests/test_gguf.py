@@ -15,6 +15,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+from fixture_models import write_fixture_model
 from gguf import GGMLQuantizationType, GGUFValueType
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -645,3 +646,18 @@ def test_gemma_matches_gguf_reader(gemma_path: Path) -> None:
         assert norm.shape == (640,)
         assert norm.dtype == np.float32
         assert not norm.flags.owndata
+
+
+def test_released_tensors_read_back_the_same(tmp_path: Path) -> None:
+    """release() drops a tensor's pages from the process (the model does after copying a Q5_0 matrix); reading
+    it again maps the file's bytes back in, unchanged. Tensors smaller than a page are left alone."""
+    path = tmp_path / "m.gguf"
+    write_fixture_model(path, "qwen2", GGMLQuantizationType.Q5_0)
+    with GGUFFile(path) as f:
+        names = ["blk.0.ffn_up.weight", "blk.0.attn_k.weight", "output_norm.weight"]
+        before = {name: f.raw(name).copy() for name in names}
+        assert before["blk.0.ffn_up.weight"].nbytes > 4 * 4096
+        for name in names:
+            f.release(name)
+        for name in names:
+            np.testing.assert_array_equal(f.raw(name), before[name])
