@@ -51,8 +51,14 @@ int pyllm_can_quantize(int type) { return type_known(type) && quantize_table[typ
 /* CPU tiers                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static const vec_dot_fn *const tier_tables[PYLLM_TIER_COUNT] = {
-    vec_dot_table_generic, vec_dot_table_avx2, vec_dot_table_avx512, vec_dot_table_avx512_vnni,
+/* Where each tier finds a type's vec_dot: the first table in its list that has one. The AVX-512 VNNI tier
+ * runs the AVX2 family's kernels built with VNNI dots, 256 bits wide (vec_dot_avx512.c says why). */
+enum { MAX_TIER_TABLES = 3 };
+static const vec_dot_fn *const tier_tables[PYLLM_TIER_COUNT][MAX_TIER_TABLES] = {
+    [PYLLM_TIER_GENERIC] = {vec_dot_table_generic},
+    [PYLLM_TIER_AVX2] = {vec_dot_table_avx2, vec_dot_table_generic},
+    [PYLLM_TIER_AVX512] = {vec_dot_table_avx512, vec_dot_table_avx2, vec_dot_table_generic},
+    [PYLLM_TIER_AVX512_VNNI] = {vec_dot_table_avx2_vnni, vec_dot_table_generic},
 };
 
 static const char *const tier_names[PYLLM_TIER_COUNT] = {"generic", "avx2", "avx512", "avx512_vnni"};
@@ -145,29 +151,36 @@ int pyllm_physical_cores(void) {
     return seen > 0 && seen <= fallback ? seen : fallback;
 }
 
-/* The kernel of this tier, or of the highest lower tier that has one. */
+/* The kernel of this tier: from the first of its tables that has one. */
 vec_dot_fn pyllm_vec_dot_kernel(int tier, int type) {
-    for (int t = tier; t >= 0; --t) {
-        if (tier_tables[t][type] != NULL) return tier_tables[t][type];
+    for (int t = 0; t < MAX_TIER_TABLES && tier_tables[tier][t] != NULL; ++t) {
+        if (tier_tables[tier][t][type] != NULL) return tier_tables[tier][t][type];
     }
     return NULL;
 }
 
 vec_dot_fn pyllm_active_vec_dot(int type) { return pyllm_vec_dot_kernel(pyllm_active_tier(), type); }
 
+/* The multi-row and row kernels are the AVX2 family's (with VNNI dots on the VNNI tier): the tiers in
+ * between run the AVX2 ones, the same bits as their own vec_dot. */
 vec_dot_rows_fn pyllm_active_vec_dot_rows(int type) {
-    /* the AVX2 ones serve the tiers above too: every tier's kernels give the same bits */
-    return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows_table_avx2[type] : NULL;
+    const int tier = pyllm_active_tier();
+    if (tier >= PYLLM_TIER_AVX512_VNNI) return vec_dot_rows_table_avx2_vnni[type];
+    return tier >= PYLLM_TIER_AVX2 ? vec_dot_rows_table_avx2[type] : NULL;
 }
 
 vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type) {
-    return pyllm_active_tier() >= PYLLM_TIER_AVX2 ? vec_dot_rows8_table_avx2[type] : NULL;
+    const int tier = pyllm_active_tier();
+    if (tier >= PYLLM_TIER_AVX512_VNNI) return vec_dot_rows8_table_avx2_vnni[type];
+    return tier >= PYLLM_TIER_AVX2 ? vec_dot_rows8_table_avx2[type] : NULL;
 }
 
 vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
-    /* where the AVX2 single-row kernel is the active one (a tier above with its own keeps its own) */
-    if (pyllm_active_tier() < PYLLM_TIER_AVX2 || pyllm_active_vec_dot(type) != vec_dot_table_avx2[type]) return NULL;
-    return vec_dot_row_table_avx2[type];
+    /* where the single-row kernel of the same family is the active one (a tier's own keeps its own) */
+    const vec_dot_fn active = pyllm_active_vec_dot(type);
+    if (active != NULL && active == vec_dot_table_avx2_vnni[type]) return vec_dot_row_table_avx2_vnni[type];
+    if (active != NULL && active == vec_dot_table_avx2[type]) return vec_dot_row_table_avx2[type];
+    return NULL;
 }
 
 const op_kernels *pyllm_op_kernels(int tier) {

@@ -535,7 +535,7 @@ static void prepare_layout(act_rows *group, int weight_type, const void *const *
             }
             if (group->offsets != NULL) {
                 for (int l = 0; l < 8; ++l) {
-                    offsets[at * 8 + l] = 16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
+                    offsets[at * 8 + l] = -16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
                 }
             }
         }

@@ -225,8 +225,9 @@ typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
  * copied block-major, quants[(b * VEC_DOT_MAX_ROWS + r) * 32 + j] (one pointer for all the rows, where the 8-row
  * Q5_0 kernel had run out of registers for eight; in a 64-byte-aligned scratch no load splits a cache line),
  * and their scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...]
- * its s (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = 16 * the sum of row r's
- * quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l); for Q4_0 weights,
+ * its s (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = -16 * the sum of row
+ * r's quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l, negated: the start
+ * of that lane's sum of products); for Q4_0 weights,
  * block_offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * the sum of row r's quants in block b. Rows from n_rows on
  * repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and their results are dropped. */
 #define VEC_DOT_MAX_ROWS 4
@@ -265,17 +266,22 @@ void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n,
 typedef float (*vec_dot_row_fn)(int64_t n, const void *w, const act_rows *row);
 
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
- * kernel of its own (the dispatcher then uses the next lower tier's). */
+ * kernel of its own (the dispatcher then looks further down the tier's list: dispatch.c). */
 extern const vec_dot_fn vec_dot_table_generic[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT];
 extern const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT];
-extern const vec_dot_fn vec_dot_table_avx512_vnni[PYLLM_TYPE_COUNT];
-/* Multi-row kernels where a tier has them (NULL elsewhere: matmul then calls vec_dot row by row). */
+/* vec_dot_avx2.inc's 256-bit kernels with VNNI dots: the avx512_vnni tier's. */
+extern const vec_dot_fn vec_dot_table_avx2_vnni[PYLLM_TYPE_COUNT];
+/* Multi-row kernels of the AVX2 family and its VNNI twin (NULL elsewhere: matmul then calls vec_dot row by
+ * row), each giving its family's vec_dot bits. */
 extern const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT];
+extern const vec_dot_rows_fn vec_dot_rows_table_avx2_vnni[PYLLM_TYPE_COUNT];
 /* The same over two groups (2 * VEC_DOT_MAX_ROWS rows: group[0], group[1]; out[2 * VEC_DOT_MAX_ROWS]). */
 extern const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT];
-/* Single-row kernels over a prepared row where a tier has them (NULL elsewhere: matmul calls vec_dot). */
+extern const vec_dot_rows_fn vec_dot_rows8_table_avx2_vnni[PYLLM_TYPE_COUNT];
+/* Single-row kernels over a prepared row (NULL elsewhere: matmul calls vec_dot). */
 extern const vec_dot_row_fn vec_dot_row_table_avx2[PYLLM_TYPE_COUNT];
+extern const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT];
 
 /* The non-matmul inner loops, one set per tier, bit-identical (llama.cpp's arithmetic; see ops.c):
  * dots:         out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes

@@ -155,94 +155,127 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_rope(row, pos, 1, 2, 16, 15, 10000.0f, 1.0f, 0) == PYLLM_ERR_SHAPE, "rope: odd n_rot");
 }
 
-/* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel): each output is the
- * single-row kernel's, bit for bit, for every block count (groups of 8 and tails) and every number of
- * rows in the (last) group. */
-static void test_rows_kernels_agree(void) {
-    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
+/* The families of multi-row and row kernels (vec_dot_avx2.inc built twice), with the lowest tier whose CPUs
+ * run them and their single-row kernels. */
+static const struct {
+    const char *name;
+    int tier;
+    const vec_dot_fn *one;
+    const vec_dot_rows_fn *rows, *rows8;
+    const vec_dot_row_fn *row;
+} families[] = {
+    {"avx2", PYLLM_TIER_AVX2, vec_dot_table_avx2, vec_dot_rows_table_avx2, vec_dot_rows8_table_avx2, vec_dot_row_table_avx2},
+    {"avx2_vnni", PYLLM_TIER_AVX512_VNNI, vec_dot_table_avx2_vnni, vec_dot_rows_table_avx2_vnni,
+     vec_dot_rows8_table_avx2_vnni, vec_dot_row_table_avx2_vnni},
+};
+enum { N_FAMILIES = sizeof(families) / sizeof(families[0]) };
+
+/* One multi-row kernel (n_groups groups of rows) against its single-row kernel, on 1..20 blocks a row and
+ * every number of rows in the last group: counts the outputs checked and those that differ. */
+static void compare_rows_kernel(int type, vec_dot_fn one, vec_dot_rows_fn rows, int n_groups, int *checked, int *bad) {
     enum { MAX_ROWS = 2 * VEC_DOT_MAX_ROWS };
+    const int64_t bs = pyllm_type_block_size(type);
+    for (int blocks = 1; blocks <= 20; ++blocks) {
+        const int64_t n = bs * blocks;
+        uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
+        uint8_t *act[MAX_ROWS];
+        float *x = malloc((size_t)n * sizeof(float));
+        random_weights(type, w, 1, n, FILL_RANDOM);
+        for (int r = 0; r < MAX_ROWS; ++r) {
+            act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+            pyllm_quantize_activations(type, x, act[r], n);
+        }
+        const int64_t group_bytes = act_rows_scratch_bytes(type, n);
+        uint8_t *scratch = malloc((size_t)(2 * group_bytes));
+        for (int last_rows = 1; last_rows <= VEC_DOT_MAX_ROWS; ++last_rows) {
+            float out[MAX_ROWS];
+            act_rows groups[2];
+            for (int g = 0; g < n_groups; ++g) {
+                const int n_rows = g == n_groups - 1 ? last_rows : VEC_DOT_MAX_ROWS;
+                act_rows_prepare(&groups[g], type, (const void *const *)(act + g * VEC_DOT_MAX_ROWS), n_rows, n,
+                                 scratch + g * group_bytes);
+            }
+            rows(n, w, groups, out);
+            for (int r = 0; r < (n_groups - 1) * VEC_DOT_MAX_ROWS + last_rows; ++r) {
+                const float want = one(n, w, act[r]);
+                *bad += memcmp(&want, &out[r], sizeof(float)) != 0;
+                ++*checked;
+            }
+        }
+        free(scratch);
+        for (int r = 0; r < MAX_ROWS; ++r) free(act[r]);
+        free(w);
+        free(x);
+    }
+}
+
+/* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel), in every family the CPU
+ * runs: each output is the family's single-row kernel's, bit for bit, for every block count (groups of 8 and
+ * tails) and every number of rows in the (last) group. */
+static void test_rows_kernels_agree(void) {
     int checked = 0, bad = 0;
-    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
-        const int type = weight_types[ti];
-        const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
-        const int64_t bs = pyllm_type_block_size(type);
-        for (int n_groups = 1; n_groups <= 2; ++n_groups) {
-            const vec_dot_rows_fn rows = n_groups == 1 ? vec_dot_rows_table_avx2[type] : vec_dot_rows8_table_avx2[type];
-            if (rows == NULL) continue;
-            for (int blocks = 1; blocks <= 20; ++blocks) {
-                const int64_t n = bs * blocks;
-                uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
-                uint8_t *act[MAX_ROWS];
-                float *x = malloc((size_t)n * sizeof(float));
-                random_weights(type, w, 1, n, FILL_RANDOM);
-                for (int r = 0; r < MAX_ROWS; ++r) {
-                    act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
-                    for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
-                    pyllm_quantize_activations(type, x, act[r], n);
-                }
-                const int64_t group_bytes = act_rows_scratch_bytes(type, n);
-                uint8_t *scratch = malloc((size_t)(2 * group_bytes));
-                for (int last_rows = 1; last_rows <= VEC_DOT_MAX_ROWS; ++last_rows) {
-                    float out[MAX_ROWS];
-                    act_rows groups[2];
-                    for (int g = 0; g < n_groups; ++g) {
-                        const int n_rows = g == n_groups - 1 ? last_rows : VEC_DOT_MAX_ROWS;
-                        act_rows_prepare(&groups[g], type, (const void *const *)(act + g * VEC_DOT_MAX_ROWS), n_rows, n,
-                                         scratch + g * group_bytes);
-                    }
-                    rows(n, w, groups, out);
-                    for (int r = 0; r < (n_groups - 1) * VEC_DOT_MAX_ROWS + last_rows; ++r) {
-                        const float want = one(n, w, act[r]);
-                        bad += memcmp(&want, &out[r], sizeof(float)) != 0;
-                        checked++;
-                    }
-                }
-                free(scratch);
-                for (int r = 0; r < MAX_ROWS; ++r) free(act[r]);
-                free(w);
-                free(x);
+    for (int fi = 0; fi < N_FAMILIES; ++fi) {
+        if (families[fi].tier > pyllm_cpu_best_tier()) continue;
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+            const int type = weight_types[ti];
+            for (int n_groups = 1; n_groups <= 2; ++n_groups) {
+                const vec_dot_rows_fn rows = n_groups == 1 ? families[fi].rows[type] : families[fi].rows8[type];
+                if (rows != NULL) compare_rows_kernel(type, families[fi].one[type], rows, n_groups, &checked, &bad);
             }
         }
     }
     CHECK(bad == 0, "multi-row kernels: %d of %d outputs differ from the single-row kernel", bad, checked);
 }
 
-/* Row kernels (a lone activation row, prepared by act_row_prepare): the single-row kernel's bits for every
- * block count (the four-block steps of Q4_0 and their tails) and every kind of weight bytes, extremes too;
- * and pyllm_matmul of one row, which goes through them, equals the single-row kernel on 1 to 3 threads. */
+/* One row kernel against its single-row kernel on 1..20 blocks of every kind of weight bytes. */
+static void compare_row_kernel(int type, vec_dot_fn one, vec_dot_row_fn row_kernel, int *checked, int *bad) {
+    const int64_t bs = pyllm_type_block_size(type);
+    for (int mode = 0; mode < FILL_MODES; ++mode) {
+        for (int blocks = 1; blocks <= 20; ++blocks) {
+            const int64_t n = bs * blocks;
+            uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
+            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            float *x = malloc((size_t)n * sizeof(float));
+            uint8_t *scratch = aligned_alloc(64, (size_t)act_row_scratch_bytes(type, n));
+            random_weights(type, w, 1, n, mode);
+            for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+            pyllm_quantize_activations(type, x, act, n);
+            act_rows row;
+            act_row_prepare(&row, type, act, n, scratch);
+            const float want = one(n, w, act), got = row_kernel(n, w, &row);
+            *bad += memcmp(&want, &got, sizeof(float)) != 0;
+            ++*checked;
+            free(scratch);
+            free(x);
+            free(act);
+            free(w);
+        }
+    }
+}
+
+/* Row kernels (a lone activation row, prepared by act_row_prepare), in every family the CPU runs: the
+ * single-row kernel's bits for every block count (the four-block steps of Q4_0 and their tails) and every
+ * kind of weight bytes, extremes too; and pyllm_matmul of one row, which goes through the active tier's,
+ * equals the single-row kernel on 1 to 3 threads. */
 static void test_row_kernels_agree(void) {
     if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
     int checked = 0, bad = 0, types = 0;
+    for (int fi = 0; fi < N_FAMILIES; ++fi) {
+        if (families[fi].tier > pyllm_cpu_best_tier()) continue;
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+            const int type = weight_types[ti];
+            if (families[fi].row[type] == NULL) continue;
+            types++;
+            compare_row_kernel(type, families[fi].one[type], families[fi].row[type], &checked, &bad);
+        }
+    }
     for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
         const int type = weight_types[ti];
-        const vec_dot_row_fn row_kernel = vec_dot_row_table_avx2[type];
-        if (row_kernel == NULL) continue;
-        types++;
-        const vec_dot_fn one = pyllm_vec_dot_kernel(PYLLM_TIER_AVX2, type);
-        const int64_t bs = pyllm_type_block_size(type);
-        for (int mode = 0; mode < FILL_MODES; ++mode) {
-            for (int blocks = 1; blocks <= 20; ++blocks) {
-                const int64_t n = bs * blocks;
-                uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
-                uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
-                float *x = malloc((size_t)n * sizeof(float));
-                uint8_t *scratch = aligned_alloc(64, (size_t)act_row_scratch_bytes(type, n));
-                random_weights(type, w, 1, n, mode);
-                for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
-                pyllm_quantize_activations(type, x, act, n);
-                act_rows row;
-                act_row_prepare(&row, type, act, n, scratch);
-                const float want = one(n, w, act), got = row_kernel(n, w, &row);
-                bad += memcmp(&want, &got, sizeof(float)) != 0;
-                checked++;
-                free(scratch);
-                free(x);
-                free(act);
-                free(w);
-            }
-        }
+        if (pyllm_active_vec_dot_row(type) == NULL) continue;
+        const vec_dot_fn one = pyllm_active_vec_dot(type);
         enum { N_OUT = 37, BLOCKS = 7 };  /* rows not a multiple of the tile, so threads split unevenly */
-        const int64_t n = bs * BLOCKS, row_bytes = BLOCKS * pyllm_type_size(type);
+        const int64_t n = pyllm_type_block_size(type) * BLOCKS, row_bytes = BLOCKS * pyllm_type_size(type);
         uint8_t *w = malloc((size_t)(N_OUT * row_bytes)), *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
         float x[7 * 256], y[N_OUT];
         random_weights(type, w, N_OUT, n, FILL_RANDOM);
@@ -263,8 +296,6 @@ static void test_row_kernels_agree(void) {
           checked);
 }
 
-/* Top-k against picking the best remaining entry k times (value descending, ties by id), on rows below and
- * above the size where the slice-maxima floor starts, random, ascending and with many ties. */
 /* Q5_0 regrouped (Q5_0_G8) is Q5_0: the same values, and the same bits from every tier's vec_dot and from
  * matmul (its lone-row, 4-row and 8-row kernels) on 1..20 blocks a row: groups, plain blocks after them, both. */
 static void test_grouped_q5_0_is_q5_0(void) {
@@ -305,6 +336,8 @@ static void test_grouped_q5_0_is_q5_0(void) {
     }
 }
 
+/* Top-k against picking the best remaining entry k times (value descending, ties by id), on rows below and
+ * above the size where the slice-maxima floor starts, random, ascending and with many ties. */
 static void test_top_k(void) {
     enum { MAX_N = 9000, MAX_K = 300 };
     static float x[MAX_N];

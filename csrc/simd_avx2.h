@@ -1,0 +1,36 @@
+/*
+ * simd_avx2.h - small AVX2 helpers shared by the AVX2 kernel files.
+ *
+ * Include after <immintrin.h> and inside the including file's target pragma
+ * (avx2, fma, f16c at least): the functions take the including file's target.
+ */
+#ifndef PYLLM_SIMD_AVX2_H
+#define PYLLM_SIMD_AVX2_H
+
+#include <stdint.h>
+
+/* fp16 -> fp32 by F16C: the same value as fp16_to_fp32 for every non-NaN half. */
+static inline float half_to_float(fp16_t h) { return _cvtsh_ss(h); }
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+static inline int32_t hsum_i32x4(__m128i s) {
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __m128i fold_i32x8(__m256i v) {
+    return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+static inline int32_t hsum_i32x8(__m256i v) { return hsum_i32x4(fold_i32x8(v)); }
+
+/* The 8 lanes summed in reduce_lanes8's order. */
+static inline float lanes_total(__m256 acc) {
+    const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+    return _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2)));
+}
+
+#endif /* PYLLM_SIMD_AVX2_H */

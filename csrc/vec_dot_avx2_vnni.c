@@ -1,0 +1,39 @@
+/*
+ * vec_dot_avx2_vnni.c - the kernels of vec_dot_avx2.inc on 256-bit vectors with int8
+ * dots by vpdpbusd / vpdpwssd (AVX-512 VNNI + VL, which also give the EVEX forms 32
+ * vector registers): the avx512_vnni tier's kernels.
+ *
+ * Built without global -m flags: the kernels get their target by pragma and
+ * run only where dispatch.c has seen the CPU features.
+ */
+#include "quants.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi2,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")
+#endif
+
+#define PYLLM_VNNI 1
+#define PYLLM_SFX(name) name##_avx2_vnni
+#include "vec_dot_avx2.inc"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else /* not x86-64 with GCC or clang: no kernels of this family */
+
+const vec_dot_fn vec_dot_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
+const vec_dot_rows_fn vec_dot_rows_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
+const vec_dot_rows_fn vec_dot_rows8_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
+const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
+
+#endif
