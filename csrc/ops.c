@@ -160,7 +160,7 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     const float *q32 = job->q + (r * job->n_head + h) * d;
     float *out = job->out + (r * job->n_head + h) * d;
     job->kernels->to_half(q32, q_half, d);
-    for (int64_t i = 0; i < d; ++i) q[i] = fp16_to_fp32(q_half[i]);
+    for (int64_t i = 0; i < d; ++i) q[i] = fp16_lookup(q_half[i]);  /* the tables are filled: kernels came from dispatch */
     const int32_t qp = job->qpos[r];
     float max = -INFINITY;
     const int64_t stride = job->n_head_kv * d;
