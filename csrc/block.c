@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "pyllm.h"
+#include "scratch.h"
 #include "threadpool.h"
 
 /* The layers' rope settings (llama-style models have one, gemma3 a second for its sliding-window layers):
@@ -231,7 +232,8 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     const int64_t heights[] = {m, m, m, m, m, ffn_rows, ffn_rows};
     int64_t total = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); ++i) total += heights[i] * widths[i];
-    float *buffer = malloc((size_t)total * sizeof(float));
+    const size_t buffer_bytes = (size_t)total * sizeof(float);
+    float *buffer = pyllm_scratch(SCRATCH_BLOCKS, buffer_bytes);
     if (buffer == NULL) return PYLLM_ERR_NOMEM;
     block_scratch s;
     float *p = buffer;
@@ -253,6 +255,5 @@ int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *block
     for (int i = 0; i < s.n_rope; ++i) free(s.rope[i].angles);
     free(s.rope);
     free(s.calls);
-    free(buffer);
     return status;
 }

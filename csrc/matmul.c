@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "dispatch.h"
+#include "scratch.h"
 #include "threadpool.h"
 
 /* Weight rows handled together, so a tile of W stays in cache across X rows. */
@@ -137,7 +138,8 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(type, k);
     const int64_t layout_bytes = job.n_groups * group_bytes + n_lone * row_bytes;
     const int64_t header_bytes = ((job.n_groups + n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
-    uint8_t *buffer = aligned_alloc(64, (size_t)(layout_bytes + header_bytes + (m * job.act_row_bytes + 63) / 64 * 64));
+    const size_t buffer_bytes = (size_t)(layout_bytes + header_bytes + (m * job.act_row_bytes + 63) / 64 * 64);
+    uint8_t *buffer = pyllm_scratch(SCRATCH_MATMUL, buffer_bytes);
     if (buffer == NULL) return PYLLM_ERR_NOMEM;
     job.groups = (act_rows *)(buffer + layout_bytes);
     job.lone = n_lone > 0 ? job.groups + job.n_groups : NULL;
@@ -164,6 +166,5 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
-    free(buffer);
     return status;
 }

@@ -22,6 +22,7 @@ SOURCES = [
     "vec_dot_avx2_vnni.c",
     "vec_dot_avx512.c",
     "dispatch.c",
+    "scratch.c",
     "threadpool.c",
     "matmul.c",
     "ops.c",

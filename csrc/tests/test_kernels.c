@@ -9,12 +9,15 @@
  * Prints "N passed, N failed" last.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../dispatch.h"
+#include "../scratch.h"
 #include "../threadpool.h"
 #include "test_blocks.h"
 
@@ -680,6 +683,33 @@ static void test_string_index(void) {
     CHECK(pyllm_string_index_new(blob, descending, 2, &first_repeat) == NULL, "string index: descending offsets");
 }
 
+/* pyllm_scratch: 64-byte aligned, kept for a smaller request, grown for a larger one, one buffer per slot and
+ * per thread (a worker's differs from the caller's). */
+static void *scratch_in_thread(void *arg) {
+    (void)arg;
+    return pyllm_scratch(SCRATCH_MATMUL, 100);
+}
+
+static void test_scratch(void) {
+    unsigned char *a = pyllm_scratch(SCRATCH_MATMUL, 1000);
+    CHECK(a != NULL && (uintptr_t)a % 64 == 0, "scratch: aligned");
+    memset(a, 7, 1000);
+    CHECK(pyllm_scratch(SCRATCH_MATMUL, 10) == a, "scratch: kept for a smaller request");
+    unsigned char *blocks = pyllm_scratch(SCRATCH_BLOCKS, 1000);
+    CHECK(blocks != NULL && blocks != a, "scratch: one buffer per slot");
+    memset(blocks, 1, 1000);
+    CHECK(a[999] == 7, "scratch: slots do not overlap");
+    unsigned char *big = pyllm_scratch(SCRATCH_MATMUL, 1 << 20);
+    CHECK(big != NULL && (uintptr_t)big % 64 == 0, "scratch: grown");
+    memset(big, 3, 1 << 20);  /* the whole size is writable (ASan) */
+    pthread_t worker;
+    void *theirs = NULL;
+    CHECK(pthread_create(&worker, NULL, scratch_in_thread, NULL) == 0 && pthread_join(worker, &theirs) == 0,
+          "scratch: thread");
+    CHECK(theirs != NULL && theirs != big, "scratch: per thread");
+    CHECK(pyllm_scratch(SCRATCH_SLOTS, 10) == NULL, "scratch: unknown slot");
+}
+
 int main(void) {
     printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
     test_tiers_agree();
@@ -694,6 +724,7 @@ int main(void) {
     test_grouped_q5_0_is_q5_0();
     test_top_k();
     test_string_index();
+    test_scratch();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
