@@ -183,6 +183,14 @@ vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
     return NULL;
 }
 
+panel_kernel_fn pyllm_active_panel_kernel(int type) {
+    return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? panel_kernel_table_avx512_vnni[type] : NULL;
+}
+
+wide_unpack_fn pyllm_active_wide_unpack(int type) {
+    return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? wide_unpack_table_avx512_vnni[type] : NULL;
+}
+
 const op_kernels *pyllm_op_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && op_kernels_avx2.dots != NULL) return &op_kernels_avx2;
     return &op_kernels_generic;

@@ -5,6 +5,7 @@
 #ifndef PYLLM_DISPATCH_H
 #define PYLLM_DISPATCH_H
 
+#include "panel.h"
 #include "quants.h"
 
 /* The vec_dot kernel of `tier` for weight `type` (falling back to lower tiers). */
@@ -17,6 +18,11 @@ vec_dot_fn pyllm_active_vec_dot(int type);
 vec_dot_rows_fn pyllm_active_vec_dot_rows(int type);
 vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type);  /* two groups of rows at once, or NULL */
 vec_dot_row_fn pyllm_active_vec_dot_row(int type);     /* one prepared row (act_row_prepare), or NULL */
+
+/* The panel kernel of the active tier for weight `type` and the unpacker of its weight rows, or NULL
+ * (panel.h: a prompt's rows sixteen at a time). */
+panel_kernel_fn pyllm_active_panel_kernel(int type);
+wide_unpack_fn pyllm_active_wide_unpack(int type);
 
 /* The non-matmul kernels for `tier` (the AVX2 ones serve every tier above it). */
 const op_kernels *pyllm_op_kernels(int tier);

@@ -4,8 +4,12 @@
  * X rows are first converted to the activation format of W's type (q8_0,
  * q8_K or float32), split across threads by row. Then the threads take chunks
  * of output columns (weight rows) as they free up, computing each for every X
- * row with the same kernels whatever M and the thread count: an output element
- * depends only on its weight row and its X row, never on how work was split.
+ * row with kernels that all give the same bits: an output element depends only
+ * on its weight row and its X row, never on how work was split or on M.
+ *
+ * X rows go, in this order, to panels of PANEL_ROWS (where the tier has panel
+ * kernels: panel.h), to groups of VEC_DOT_MAX_ROWS for the multi-row kernels,
+ * and one at a time to the row kernel or vec_dot.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -26,6 +30,8 @@ typedef struct {
     vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
     vec_dot_rows_fn rows8_kernel; /* two groups at once; NULL: none */
     vec_dot_row_fn row_kernel;    /* a lone row, prepared (act_row_prepare); NULL: kernel on the q8 row */
+    panel_kernel_fn panel_kernel; /* with n_panels > 0 */
+    wide_unpack_fn wide_unpack;
     int type;
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
@@ -34,7 +40,13 @@ typedef struct {
     uint8_t *act;          /* (m, act_row_bytes), in the call's one buffer */
     int64_t act_row_bytes;
     float *y;              /* (m, n) */
-    act_rows *groups;      /* with a rows kernel: the X rows in groups of VEC_DOT_MAX_ROWS */
+    act_panel *panels;     /* X rows 0..n_panels * PANEL_ROWS - 1, PANEL_ROWS a panel */
+    int64_t n_panels;
+    uint8_t *panel_scratch; /* (n_panels, panel_bytes): their layouts */
+    int64_t panel_bytes;
+    uint8_t *wide;         /* (n_threads, ROW_TILE, wide_row_bytes): each thread's unpacked weight rows */
+    int64_t wide_row_bytes;
+    act_rows *groups;      /* with a rows kernel: the next X rows in groups of VEC_DOT_MAX_ROWS */
     int64_t n_groups;
     act_rows *lone;        /* with a row kernel: X rows first_lone.. (those no group holds), prepared */
     int64_t first_lone;
@@ -57,11 +69,35 @@ static void quantize_task(void *arg, int ith, int nth) {
     }
 }
 
-/* Output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time. */
-static void dot_rows(const matmul_job *job, int64_t begin, int64_t end) {
+/* Output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once
+ * into wide (the thread's), then each panel against them two at a time (an odd last one paired with itself). */
+static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, uint8_t *wide) {
+    wide_row rows[ROW_TILE];
+    for (int64_t c = tile; c < tile_end; ++c) {
+        job->wide_unpack(job->w + c * job->w_row_bytes, job->k, wide + (c - tile) * job->wide_row_bytes, &rows[c - tile]);
+    }
+    for (int64_t p = 0; p < job->n_panels; ++p) {
+        for (int64_t c = tile; c < tile_end; c += 2) {
+            const int pair = c + 1 < tile_end;
+            const wide_row two[2] = {rows[c - tile], rows[c - tile + pair]};
+            float out[2][PANEL_ROWS];
+            job->panel_kernel(job->k, two, &job->panels[p], out);
+            float *y = job->y + p * PANEL_ROWS * job->n + c;
+            for (int r = 0; r < PANEL_ROWS; ++r) {
+                y[r * job->n] = out[0][r];
+                if (pair) y[r * job->n + 1] = out[1][r];
+            }
+        }
+    }
+}
+
+/* Output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; wide: the thread's
+ * scratch for dot_panels. */
+static void dot_rows(const matmul_job *job, int64_t begin, int64_t end, uint8_t *wide) {
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        int64_t r = 0;
+        if (job->n_panels > 0) dot_panels(job, tile, tile_end, wide);
+        int64_t r = job->n_panels * PANEL_ROWS;
         for (int64_t gi = 0; gi < job->n_groups;) {  /* weight rows unpacked once per group or pair of groups */
             const act_rows *group = &job->groups[gi];
             const int pair = job->rows8_kernel != NULL && gi + 1 < job->n_groups;
@@ -91,13 +127,25 @@ static void dot_rows(const matmul_job *job, int64_t begin, int64_t end) {
 /* The weight rows go out in chunks of whole tiles, each to whichever thread asks next: in a prompt, a
  * thread the system holds up (another process, a busy server) costs its chunk, not half the matmul. */
 static void dot_task(void *arg, int ith, int nth) {
-    (void)ith, (void)nth;
+    (void)nth;
     matmul_job *job = arg;
+    uint8_t *wide = job->n_panels > 0 ? job->wide + ith * ROW_TILE * job->wide_row_bytes : NULL;
     for (;;) {
         const int64_t begin = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed) * job->chunk_rows;
         if (begin >= job->n) break;
         const int64_t end = begin + job->chunk_rows < job->n ? begin + job->chunk_rows : job->n;
-        dot_rows(job, begin, end);
+        dot_rows(job, begin, end, wide);
+    }
+}
+
+static void panel_task(void *arg, int ith, int nth) {
+    const matmul_job *job = arg;
+    int64_t begin, end;
+    split_range(job->n_panels, ith, nth, &begin, &end);
+    for (int64_t p = begin; p < end; ++p) {
+        const void *rows[PANEL_ROWS];
+        for (int r = 0; r < PANEL_ROWS; ++r) rows[r] = job->act + (p * PANEL_ROWS + r) * job->act_row_bytes;
+        act_panel_prepare(&job->panels[p], job->type, rows, PANEL_ROWS, job->k, job->panel_scratch + p * job->panel_bytes);
     }
 }
 
@@ -115,6 +163,8 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         .rows_kernel = pyllm_active_vec_dot_rows(type),
         .rows8_kernel = pyllm_active_vec_dot_rows8(type),
         .row_kernel = pyllm_active_vec_dot_row(type),
+        .panel_kernel = pyllm_active_panel_kernel(type),
+        .wide_unpack = pyllm_active_wide_unpack(type),
         .type = type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),
@@ -125,38 +175,54 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     };
     if (job.kernel == NULL) return PYLLM_ERR_TYPE;
 
-    /* X rows in groups for the multi-row kernel (a last lone row goes to the single-row kernel); the rows no
-     * group holds (a decode step's one row) prepared for the row kernel where there is one */
-    if (job.rows_kernel != NULL && m > 1) {
-        job.n_groups = (m + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
-        if ((m - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
+    /* X rows in panels where the tier has panel kernels; the rest in groups for the multi-row kernel (a last
+     * lone row goes to the single-row kernel); the rows no group holds (a decode step's one row) prepared
+     * for the row kernel where there is one */
+    if (job.panel_kernel != NULL && job.wide_unpack != NULL) job.n_panels = m / PANEL_ROWS;
+    const int64_t first_group_row = job.n_panels * PANEL_ROWS, rest = m - first_group_row;
+    if (job.rows_kernel != NULL && rest > 1) {
+        job.n_groups = (rest + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
+        if ((rest - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
     }
-    job.first_lone = job.n_groups * VEC_DOT_MAX_ROWS < m ? job.n_groups * VEC_DOT_MAX_ROWS : m;
+    job.first_lone = first_group_row + (job.n_groups * VEC_DOT_MAX_ROWS < rest ? job.n_groups * VEC_DOT_MAX_ROWS : rest);
     const int64_t n_lone = job.row_kernel != NULL ? m - job.first_lone : 0;
-    /* One allocation for all a call prepares: the groups' and the lone rows' layouts (whole 64-byte lines, so
-     * no quants load splits one), their act_rows, then the X rows in the activation format */
+    /* One allocation for all a call prepares, each part whole 64-byte lines (so no quants load splits one):
+     * the panels' layouts, the threads' unpacked weight rows, the groups' and the lone rows' layouts, the
+     * act_panel and act_rows headers, then the X rows in the activation format */
+    const int64_t panel_bytes = job.n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
+    job.wide_row_bytes = job.n_panels > 0 ? wide_row_scratch_bytes(type, k) : 0;
+    const int64_t panels_bytes = job.n_panels * panel_bytes, wide_bytes = n_threads * ROW_TILE * job.wide_row_bytes;
     const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(type, k);
-    const int64_t layout_bytes = job.n_groups * group_bytes + n_lone * row_bytes;
-    const int64_t header_bytes = ((job.n_groups + n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
+    const int64_t layout_bytes = panels_bytes + wide_bytes + job.n_groups * group_bytes + n_lone * row_bytes;
+    const int64_t header_bytes = (job.n_panels * (int64_t)sizeof(act_panel) + (job.n_groups + n_lone) * (int64_t)sizeof(act_rows)
+                                  + 63) / 64 * 64;
     const size_t buffer_bytes = (size_t)(layout_bytes + header_bytes + (m * job.act_row_bytes + 63) / 64 * 64);
     uint8_t *buffer = pyllm_scratch(SCRATCH_MATMUL, buffer_bytes);
     if (buffer == NULL) return PYLLM_ERR_NOMEM;
+    job.panel_scratch = buffer;
+    job.panel_bytes = panel_bytes;
+    job.wide = buffer + panels_bytes;
+    uint8_t *group_scratch = job.wide + wide_bytes;
     job.groups = (act_rows *)(buffer + layout_bytes);
     job.lone = n_lone > 0 ? job.groups + job.n_groups : NULL;
+    job.panels = (act_panel *)(job.groups + job.n_groups + n_lone);
     job.act = buffer + layout_bytes + header_bytes;
 
     const int quantize_threads = m < DECODE_ROWS ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
+    if (status == PYLLM_OK && job.n_panels > 0) {
+        status = pyllm_pool_run(job.n_panels < n_threads ? (int)job.n_panels : n_threads, panel_task, &job);
+    }
     for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
-        const int64_t r0 = gi * VEC_DOT_MAX_ROWS;
+        const int64_t r0 = first_group_row + gi * VEC_DOT_MAX_ROWS;
         const int n_rows = m - r0 < VEC_DOT_MAX_ROWS ? (int)(m - r0) : VEC_DOT_MAX_ROWS;
         const void *rows[VEC_DOT_MAX_ROWS];
         for (int i = 0; i < n_rows; ++i) rows[i] = job.act + (r0 + i) * job.act_row_bytes;
-        act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, buffer + gi * group_bytes);
+        act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, group_scratch + gi * group_bytes);
     }
     for (int64_t i = 0; status == PYLLM_OK && i < n_lone; ++i) {
         act_row_prepare(&job.lone[i], type, job.act + (job.first_lone + i) * job.act_row_bytes, k,
-                        buffer + job.n_groups * group_bytes + i * row_bytes);
+                        group_scratch + job.n_groups * group_bytes + i * row_bytes);
     }
     /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
      * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is

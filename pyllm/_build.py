@@ -21,6 +21,8 @@ SOURCES = [
     "vec_dot_avx2.c",
     "vec_dot_avx2_vnni.c",
     "vec_dot_avx512.c",
+    "panel.c",
+    "panel_avx512_vnni.c",
     "dispatch.c",
     "scratch.c",
     "threadpool.c",

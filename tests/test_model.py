@@ -175,18 +175,21 @@ def test_forward_matches_numpy_reference(tmp_path: Path, arch: str, weight_type:
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
 def test_logits_do_not_depend_on_batching(tmp_path: Path, arch: str) -> None:
-    """The same bits whole, in chunks, one token at a time, and with 1 or 3 threads."""
+    """The same bits whole, in chunks, one token at a time, and with 1 or 3 threads: 40 tokens, so a prompt's
+    matmuls take rows in panels of 16 (where the CPU has panel kernels), groups of 4 and lone rows."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, Q.Q4_0, seed=1)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(0, N_VOCAB, 40)]
     with GGUFFile(path) as f:
         model = Model(f, n_threads=2)
-        whole = model.forward(TOKENS, model.new_cache(32), logits="all")
-        cache = model.new_cache(32)
-        chunks = np.concatenate([model.forward(TOKENS[a:b], cache, logits="all") for a, b in ((0, 3), (3, 4), (4, 10))])
-        cache = model.new_cache(32)
+        whole = model.forward(tokens, model.new_cache(64), logits="all")
+        cache = model.new_cache(64)
+        chunks = np.concatenate([model.forward(tokens[a:b], cache, logits="all")
+                                 for a, b in ((0, 3), (3, 4), (4, 21), (21, 40))])
+        cache = model.new_cache(64)
         model.n_threads = 1
-        single = np.stack([model.forward([tok], cache) for tok in TOKENS])
+        single = np.stack([model.forward([tok], cache) for tok in tokens])
         model.n_threads = 3
-        threaded = model.forward(TOKENS, model.new_cache(32), logits="all")
+        threaded = model.forward(tokens, model.new_cache(64), logits="all")
     for other in (chunks, single, threaded):
         np.testing.assert_array_equal(whole.view(np.uint32), other.view(np.uint32))
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "../dispatch.h"
+#include "../panel.h"
 #include "../scratch.h"
 #include "../threadpool.h"
 #include "test_blocks.h"
@@ -98,29 +99,86 @@ static void test_tiers_agree(void) {
     }
 }
 
+/* Every row of a matmul is the row's matmul alone, whatever M and the thread count (1..4): M = 7 goes through
+ * groups and a lone row, M = 37 also through two panels where the tier has panel kernels. */
 static void test_matmul_invariance(void) {
-    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q5_0_G8, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K,
-                         PYLLM_TYPE_F16};
-    const int64_t n = 37, k = 512, m = 7;
+    const int types[] = {PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q4_0_LANES, PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q5_0_G8, PYLLM_TYPE_Q5_1,
+                         PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K, PYLLM_TYPE_F16};
+    const int64_t n = 37, k = 512, ms[] = {7, 37};
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
         const int type = types[ti];
-        uint8_t *w = malloc((size_t)(n * k / pyllm_type_block_size(type) * pyllm_type_size(type)));
-        float *x = malloc((size_t)(m * k) * sizeof(float));
-        float *y_all = malloc((size_t)(m * n) * sizeof(float));
-        float *y_one = malloc((size_t)n * sizeof(float));
-        random_weights(type, w, n, k, FILL_RANDOM);
-        for (int64_t i = 0; i < m * k; ++i) x[i] = rng_float(-1, 1);
-        for (int threads = 1; threads <= 3; ++threads) {
-            CHECK(pyllm_matmul(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");
-            for (int64_t r = 0; r < m; ++r) {
-                CHECK(pyllm_matmul(type, w, n, k, x + r * k, 1, y_one, 4 - threads) == PYLLM_OK, "matmul row");
-                CHECK(memcmp(y_one, y_all + r * n, (size_t)n * sizeof(float)) == 0,
-                      "%s row %lld differs alone (threads %d vs %d)", pyllm_type_name(type), (long long)r,
-                      4 - threads, threads);
+        for (int mi = 0; mi < 2; ++mi) {
+            const int64_t m = ms[mi];
+            uint8_t *w = malloc((size_t)(n * k / pyllm_type_block_size(type) * pyllm_type_size(type)));
+            float *x = malloc((size_t)(m * k) * sizeof(float));
+            float *y_all = malloc((size_t)(m * n) * sizeof(float));
+            float *y_one = malloc((size_t)n * sizeof(float));
+            random_weights(type, w, n, k, FILL_RANDOM);
+            for (int64_t i = 0; i < m * k; ++i) x[i] = rng_float(-1, 1);
+            for (int threads = 1; threads <= 4; ++threads) {
+                CHECK(pyllm_matmul(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");
+                for (int64_t r = 0; r < m; ++r) {
+                    CHECK(pyllm_matmul(type, w, n, k, x + r * k, 1, y_one, 5 - threads) == PYLLM_OK, "matmul row");
+                    CHECK(memcmp(y_one, y_all + r * n, (size_t)n * sizeof(float)) == 0,
+                          "%s M=%lld row %lld differs alone (threads %d vs %d)", pyllm_type_name(type), (long long)m,
+                          (long long)r, 5 - threads, threads);
+                }
+            }
+            free(w); free(x); free(y_all); free(y_one);
+        }
+    }
+}
+
+/* Panel kernels (a prompt's activation rows sixteen at a time: panel.h), where the CPU runs them: each output is
+ * the generic vec_dot's, bit for bit, on 1..20 blocks of every kind of weight bytes, for full panels and
+ * partial ones, and for a weight row paired with itself. */
+static void test_panel_kernels_agree(void) {
+    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX512_VNNI) return;
+    int checked = 0, bad = 0;
+    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+        const int type = weight_types[ti];
+        const panel_kernel_fn kernel = panel_kernel_table_avx512_vnni[type];
+        const wide_unpack_fn unpack = wide_unpack_table_avx512_vnni[type];
+        if (kernel == NULL || unpack == NULL) continue;
+        for (int mode = 0; mode < FILL_MODES; ++mode) {
+            for (int blocks = 1; blocks <= 20; ++blocks) {
+                const int64_t n = pyllm_type_block_size(type) * blocks, row_bytes = blocks * pyllm_type_size(type);
+                uint8_t *w = malloc((size_t)(2 * row_bytes)), *act[PANEL_ROWS];
+                float *x = malloc((size_t)n * sizeof(float));
+                random_weights(type, w, 2, n, mode);
+                for (int r = 0; r < PANEL_ROWS; ++r) {
+                    act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
+                    for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+                    pyllm_quantize_activations(type, x, act[r], n);
+                }
+                const int64_t wide_bytes = wide_row_scratch_bytes(type, n);
+                uint8_t *wide = aligned_alloc(64, (size_t)(2 * wide_bytes));
+                uint8_t *scratch = aligned_alloc(64, (size_t)act_panel_scratch_bytes(type, n));
+                wide_row rows[2];
+                for (int i = 0; i < 2; ++i) unpack(w + i * row_bytes, n, wide + i * wide_bytes, &rows[i]);
+                const int panel_rows[2] = {PANEL_ROWS, 1 + blocks % PANEL_ROWS};
+                for (int pi = 0; pi < 2; ++pi) {
+                    act_panel panel;
+                    act_panel_prepare(&panel, type, (const void *const *)act, panel_rows[pi], n, scratch);
+                    for (int same = 0; same < 2; ++same) {
+                        const wide_row two[2] = {rows[0], rows[same ? 0 : 1]};
+                        float out[2][PANEL_ROWS];
+                        kernel(n, two, &panel, out);
+                        for (int i = 0; i < 2; ++i) {
+                            for (int r = 0; r < panel_rows[pi]; ++r) {
+                                const float want = vec_dot_table_generic[type](n, w + (same ? 0 : i) * row_bytes, act[r]);
+                                bad += memcmp(&want, &out[i][r], sizeof(float)) != 0;
+                                ++checked;
+                            }
+                        }
+                    }
+                }
+                free(scratch); free(wide); free(x); free(w);
+                for (int r = 0; r < PANEL_ROWS; ++r) free(act[r]);
             }
         }
-        free(w); free(x); free(y_all); free(y_one);
     }
+    CHECK(checked > 0 && bad == 0, "panel kernels: %d of %d outputs differ from generic vec_dot", bad, checked);
 }
 
 static void test_bad_arguments(void) {
@@ -714,6 +772,7 @@ int main(void) {
     printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
     test_tiers_agree();
     test_matmul_invariance();
+    test_panel_kernels_agree();
     test_bad_arguments();
     test_pool_team_sizes();
     test_attention_tiers_agree();
