@@ -191,6 +191,14 @@ wide_unpack_fn pyllm_active_wide_unpack(int type) {
     return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? wide_unpack_table_avx512_vnni[type] : NULL;
 }
 
+panel_prepare_fn pyllm_active_panel_prepare(void) {
+    return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? panel_prepare_avx512_vnni : NULL;
+}
+
+const prompt_attention_kernels *pyllm_prompt_attention_kernels(int tier) {
+    return tier >= PYLLM_TIER_AVX512 && prompt_attention_avx512.dots_t != NULL ? &prompt_attention_avx512 : NULL;
+}
+
 const op_kernels *pyllm_op_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && op_kernels_avx2.dots != NULL) return &op_kernels_avx2;
     return &op_kernels_generic;

@@ -23,9 +23,13 @@ vec_dot_row_fn pyllm_active_vec_dot_row(int type);     /* one prepared row (act_
  * (panel.h: a prompt's rows sixteen at a time). */
 panel_kernel_fn pyllm_active_panel_kernel(int type);
 wide_unpack_fn pyllm_active_wide_unpack(int type);
+panel_prepare_fn pyllm_active_panel_prepare(void);
 
 /* The non-matmul kernels for `tier` (the AVX2 ones serve every tier above it). */
 const op_kernels *pyllm_op_kernels(int tier);
+
+/* The prompt attention kernels of `tier`, or NULL (then each query row on its own with op_kernels). */
+const prompt_attention_kernels *pyllm_prompt_attention_kernels(int tier);
 
 /* Bytes of one activation row of n elements for weight_type. */
 int64_t pyllm_activation_row_bytes(int weight_type, int64_t n);

@@ -32,6 +32,7 @@ typedef struct {
     vec_dot_row_fn row_kernel;    /* a lone row, prepared (act_row_prepare); NULL: kernel on the q8 row */
     panel_kernel_fn panel_kernel; /* with n_panels > 0 */
     wide_unpack_fn wide_unpack;
+    panel_prepare_fn panel_prepare;
     int type;
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
@@ -143,9 +144,8 @@ static void panel_task(void *arg, int ith, int nth) {
     int64_t begin, end;
     split_range(job->n_panels, ith, nth, &begin, &end);
     for (int64_t p = begin; p < end; ++p) {
-        const void *rows[PANEL_ROWS];
-        for (int r = 0; r < PANEL_ROWS; ++r) rows[r] = job->act + (p * PANEL_ROWS + r) * job->act_row_bytes;
-        act_panel_prepare(&job->panels[p], job->type, rows, PANEL_ROWS, job->k, job->panel_scratch + p * job->panel_bytes);
+        job->panel_prepare(&job->panels[p], job->type, job->act + p * PANEL_ROWS * job->act_row_bytes, job->act_row_bytes,
+                           PANEL_ROWS, job->k, job->panel_scratch + p * job->panel_bytes);
     }
 }
 
@@ -165,6 +165,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         .row_kernel = pyllm_active_vec_dot_row(type),
         .panel_kernel = pyllm_active_panel_kernel(type),
         .wide_unpack = pyllm_active_wide_unpack(type),
+        .panel_prepare = pyllm_active_panel_prepare(),
         .type = type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),
@@ -178,7 +179,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     /* X rows in panels where the tier has panel kernels; the rest in groups for the multi-row kernel (a last
      * lone row goes to the single-row kernel); the rows no group holds (a decode step's one row) prepared
      * for the row kernel where there is one */
-    if (job.panel_kernel != NULL && job.wide_unpack != NULL) job.n_panels = m / PANEL_ROWS;
+    if (job.panel_kernel != NULL && job.wide_unpack != NULL && job.panel_prepare != NULL) job.n_panels = m / PANEL_ROWS;
     const int64_t first_group_row = job.n_panels * PANEL_ROWS, rest = m - first_group_row;
     if (job.rows_kernel != NULL && rest > 1) {
         job.n_groups = (rest + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;

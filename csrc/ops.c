@@ -10,6 +10,7 @@
 
 #include "dispatch.h"
 #include "quants.h"
+#include "scratch.h"
 #include "threadpool.h"
 
 /* as llama.cpp: float squares summed in double in index order, a float mean, 1 / sqrtf */
@@ -139,6 +140,7 @@ typedef struct {
     int32_t window;            /* 0: no sliding window */
     float *out;                /* (m, n_head, d) */
     const op_kernels *kernels;
+    const prompt_attention_kernels *prompt;  /* non-NULL: the rows go in blocks (attend_block) */
 } attention_job;
 
 static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
@@ -193,12 +195,118 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
     job->kernels->weighted_sum(scores + begin, job->v + begin * stride + hk * d, stride, span, d, out);
 }
 
-/* Several attention calls (a batch's sequences) in one task: their (row, head) items numbered in order
- * and taken one by one by whichever thread is free. */
+/* A prompt's queries go QUERY_BLOCK rows at a time against one kv head (attend_block) where the tier has
+ * prompt kernels, the head size suits them and the keys and values converted to float stay under
+ * BLOCK_KV_FLOATS each. */
+#define QUERY_BLOCK 16
+#define BLOCK_KV_FLOATS (1 << 21)
+
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* One query row's visible slots among [t0, t1): the first and the last (last < first: none), searched from
+ * both ends. */
+static void visible_span(const attention_job *job, int64_t r, int64_t t0, int64_t t1, int64_t *first, int64_t *last) {
+    const int32_t qp = job->qpos[r];
+    int64_t f = t0, l = t1 - 1;
+    while (f < t1 && !key_visible(job, f, qp)) ++f;
+    while (l >= f && !key_visible(job, l, qp)) --l;
+    *first = f, *last = l;
+}
+
+/* One (query row, head) of a block: its visible slots and its softmax's maximum. */
+typedef struct {
+    int64_t first, last;
+} pair_span;
+
+/* Query rows r0..r1 - 1 of every head of kv head hk, attend_one's arithmetic step for step: the keys and values
+ * of the slots any of the rows sees converted to float once (kt, vf); the dot products a 16-key block at a time
+ * for every (row, head) pair, then each pair's scaling and softmax, then the weighted sums a 16-dimension chunk
+ * at a time for every pair (so the block or chunk stays in L1 while the pairs read it). scratch: 64-byte
+ * aligned, block_scratch_floats. */
+static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64_t r1, float *scratch) {
+    const int64_t d = job->d, stride = job->n_head_kv * d, group = job->n_head / job->n_head_kv;
+    int64_t first = job->n_kv, last = -1;
+    for (int64_t r = r0; r < r1; ++r) {
+        int64_t f, l;
+        visible_span(job, r, 0, job->n_kv, &f, &l);
+        if (l >= f) first = f < first ? f : first, last = l > last ? l : last;
+    }
+    const int64_t pairs = (r1 - r0) * group;  /* pair p: row r0 + p % rows, head hk * group + p / rows */
+    if (last < first) {  /* no row sees a key */
+        for (int64_t p = 0; p < pairs; ++p) {
+            float *out = job->out + ((r0 + p % (r1 - r0)) * job->n_head + hk * group + p / (r1 - r0)) * d;
+            for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+        }
+        return;
+    }
+    const int64_t t0 = first / 16 * 16, n = last + 1 - t0, n16 = round16(n);
+    float *kt = scratch, *vf = kt + d * n16, *qs = vf + round16(n * d), *scores = qs + pairs * d;
+    fp16_t *q_half = (fp16_t *)(scores + pairs * n16);
+    pair_span *spans = (pair_span *)(q_half + round16(d));
+    job->prompt->kv_to_float(job->k + t0 * stride + hk * d, job->v + t0 * stride + hk * d, stride, n, d, kt, vf);
+    for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
+        if (p < r1 - r0) visible_span(job, r, t0, t0 + n, &spans[p].first, &spans[p].last);
+        else spans[p] = spans[p % (r1 - r0)];  /* the row's, for every head */
+        job->kernels->to_half(job->q + (r * job->n_head + h) * d, q_half, d);
+        for (int64_t i = 0; i < d; ++i) qs[p * d + i] = fp16_lookup(q_half[i]);
+    }
+    for (int64_t b = 0; b < n16 / 16; ++b) {
+        for (int64_t p = 0; p < pairs; ++p) {
+            if (spans[p].last < spans[p].first || 16 * b > spans[p].last - t0 || 16 * b + 15 < spans[p].first - t0) continue;
+            job->prompt->dots_t(qs + p * d, kt + 16 * b * d, d, scores + p * n16 + 16 * b);
+        }
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
+        float *out = job->out + (r * job->n_head + h) * d, *s = scores + p * n16;
+        if (spans[p].last < spans[p].first) {  /* no visible key */
+            for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+            continue;
+        }
+        const int64_t begin = spans[p].first / 8 * 8;  /* as attend_one: from the group of the first visible slot */
+        float max = -INFINITY;
+        for (int64_t t = begin; t <= spans[p].last; ++t) {
+            float score = -INFINITY;
+            if (key_visible(job, t, job->qpos[r])) {
+                score = s[t - t0] * job->scale;
+                if (job->softcap > 0.0f) score = job->softcap * tanhf(score / job->softcap);
+                max = score > max ? score : max;
+            }
+            s[t - t0] = score;
+        }
+        job->kernels->softmax_half(s + (begin - t0), spans[p].last + 1 - begin, max);
+        spans[p].first = begin;  /* from here: the span the weighted sum runs over */
+    }
+    for (int64_t c = 0; c < d / 16; ++c) {
+        for (int64_t p = 0; p < pairs; ++p) {
+            if (spans[p].last < spans[p].first) continue;
+            const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0), begin = spans[p].first;
+            job->prompt->weighted_sum_f(scores + p * n16 + (begin - t0), vf + (c * n + begin - t0) * 16,
+                                        spans[p].last + 1 - begin, job->out + (r * job->n_head + h) * d + 16 * c);
+        }
+    }
+}
+
+/* Floats of attend_block's scratch for n_kv slots of d and group heads a kv head: kt, vf, the pairs' queries
+ * and scores, a query in halves, the pairs' spans. */
+static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
+    const int64_t pairs = QUERY_BLOCK * group;
+    return d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv) + round16(d) +
+           round16(pairs * (int64_t)(sizeof(pair_span) / sizeof(float)));
+}
+
+/* A job's items: its (row, head) pairs, or with prompt kernels its (query block, kv head) pairs. */
+static int64_t job_items(const attention_job *job) {
+    return job->prompt != NULL ? (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK * job->n_head_kv : job->m * job->n_head;
+}
+
+/* Several attention calls (a batch's sequences) in one task: their items numbered in order and taken one
+ * by one by whichever thread is free. */
 typedef struct {
     const attention_job *jobs;
     int n_jobs;
-    float *scratch;            /* per thread: scratch_floats (scores, the query, the query in halves) */
+    float *scratch;            /* per thread: scratch_floats (attend_one's or attend_block's) */
     int64_t scratch_floats;
     atomic_llong next_item;
 } attention_batch;
@@ -211,13 +319,20 @@ static void attention_task(void *arg, int ith, int nth) {
     int64_t base = 0;  /* the first item of job j */
     for (;;) {
         const int64_t item = atomic_fetch_add_explicit(&batch->next_item, 1, memory_order_relaxed);
-        while (j < batch->n_jobs && item >= base + batch->jobs[j].m * batch->jobs[j].n_head) {
-            base += batch->jobs[j].m * batch->jobs[j].n_head;
+        while (j < batch->n_jobs && item >= base + job_items(&batch->jobs[j])) {
+            base += job_items(&batch->jobs[j]);
             ++j;
         }
         if (j == batch->n_jobs) return;
         const attention_job *job = &batch->jobs[j];
-        attend_one(job, (item - base) / job->n_head, (item - base) % job->n_head, scratch);
+        if (job->prompt == NULL) {
+            attend_one(job, (item - base) / job->n_head, (item - base) % job->n_head, scratch);
+            continue;
+        }
+        /* the last query blocks (the most keys, under a causal mask) first, so the threads end together */
+        const int64_t n_blocks = (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK, i = item - base;
+        const int64_t block = n_blocks - 1 - i / job->n_head_kv, r0 = block * QUERY_BLOCK;
+        attend_block(job, i % job->n_head_kv, r0, r0 + QUERY_BLOCK < job->m ? r0 + QUERY_BLOCK : job->m, scratch);
     }
 }
 
@@ -229,25 +344,27 @@ int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
     attention_job *jobs = malloc((size_t)n_calls * sizeof(attention_job));
     if (jobs == NULL) return PYLLM_ERR_NOMEM;
-    int64_t work = 0, max_kv = 0;
+    int64_t work = 0, scratch_floats = 0;
     for (int j = 0; j < n_calls; ++j) {
         const pyllm_attention_call *c = &calls[j];
         if (c->m <= 0 || c->n_kv <= 0) {
             free(jobs);
             return PYLLM_ERR_SHAPE;
         }
+        const prompt_attention_kernels *prompt = pyllm_prompt_attention_kernels(pyllm_active_tier());
+        const int blocks = prompt != NULL && c->m >= QUERY_BLOCK && d % 16 == 0 && c->n_kv * d <= BLOCK_KV_FLOATS;
         jobs[j] = (attention_job){c->q, c->k, c->v, c->qpos, c->kpos, c->m, c->n_kv, n_head, n_head_kv, d, scale,
-                                  softcap, window, c->out, pyllm_op_kernels(pyllm_active_tier())};
+                                  softcap, window, c->out, pyllm_op_kernels(pyllm_active_tier()), blocks ? prompt : NULL};
         work += c->m * n_head * c->n_kv * d;
-        max_kv = c->n_kv > max_kv ? c->n_kv : max_kv;
+        const int64_t floats = blocks ? block_scratch_floats(c->n_kv, d, n_head / n_head_kv) : round16(c->n_kv + d + (d + 1) / 2);
+        scratch_floats = floats > scratch_floats ? floats : scratch_floats;
     }
     /* a small step is quicker on fewer threads than handed out (results do not depend on it) */
     if (work < (int64_t)n_threads << 15) n_threads = (int)(work >> 15) + 1;
-    attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = max_kv + d + (d + 1) / 2};
-    batch.scratch = malloc((size_t)(n_threads * batch.scratch_floats) * sizeof(float));
+    attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = scratch_floats};
+    batch.scratch = pyllm_scratch(SCRATCH_ATTENTION, (size_t)(n_threads * scratch_floats) * sizeof(float));
     atomic_init(&batch.next_item, 0);
     int status = batch.scratch == NULL ? PYLLM_ERR_NOMEM : pyllm_pool_run(n_threads, attention_task, &batch);
-    free(batch.scratch);
     free(jobs);
     return status;
 }

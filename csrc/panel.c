@@ -40,21 +40,31 @@ static const int8_t *row_block(int act_type, const void *row, int64_t b, float *
     return y->qs;
 }
 
-void act_panel_prepare(act_panel *panel, int weight_type, const void *const *rows, int n_rows, int64_t n,
-                       void *scratch) {
+/* The parts of a panel's scratch (act_panel_scratch_bytes). */
+void act_panel_layout(act_panel *panel, int weight_type, int n_rows, int64_t n, void *scratch) {
     const int64_t nb = n / QK32;
-    const int act_type = pyllm_vec_dot_type(weight_type), q8_K = act_type == PYLLM_TYPE_Q8_K;
-    uint8_t *quants = scratch;
-    float *scale = (float *)(quants + nb * 8 * PANEL_ROWS * 4), *extra = scale + (q8_K ? n / QK_K : nb) * PANEL_ROWS;
-    panel->quants = quants;
+    const int act_type = pyllm_vec_dot_type(weight_type);
+    float *scale = (float *)((uint8_t *)scratch + nb * 8 * PANEL_ROWS * 4);
+    float *extra = scale + (act_type == PYLLM_TYPE_Q8_K ? n / QK_K : nb) * PANEL_ROWS;
+    panel->quants = scratch;
     panel->scale = scale;
     panel->sum = act_type == PYLLM_TYPE_Q8_1 ? extra : NULL;
-    panel->group_sums = q8_K ? extra : NULL;
+    panel->group_sums = act_type == PYLLM_TYPE_Q8_K ? extra : NULL;
     panel->n_rows = n_rows;
+}
+
+void act_panel_prepare(act_panel *panel, int weight_type, const void *first, int64_t row_bytes, int n_rows,
+                       int64_t n, void *scratch) {
+    const int64_t nb = n / QK32;
+    const int act_type = pyllm_vec_dot_type(weight_type), q8_K = act_type == PYLLM_TYPE_Q8_K;
+    act_panel_layout(panel, weight_type, n_rows, n, scratch);
+    uint8_t *quants = scratch;
+    float *scale = (float *)panel->scale, *extra = (float *)(q8_K ? panel->group_sums : panel->sum);
     for (int r = 0; r < PANEL_ROWS; ++r) {
+        const uint8_t *row = (const uint8_t *)first + r * row_bytes;
         for (int64_t b = 0; b < nb; ++b) {
             float d = 0.0f, s = 0.0f, group_sum = 0.0f;
-            const int8_t *qs = r < n_rows ? row_block(act_type, rows[r], b, &d, &s, &group_sum) : NULL;
+            const int8_t *qs = r < n_rows ? row_block(act_type, row, b, &d, &s, &group_sum) : NULL;
             for (int l = 0; l < 8; ++l) {
                 uint8_t *unit = quants + ((b * 8 + l) * PANEL_ROWS + r) * 4;
                 for (int j = 0; j < 4; ++j) unit[j] = (uint8_t)((qs != NULL ? qs[4 * l + j] : 0) + 128);

@@ -42,9 +42,17 @@ int panel_type(int weight_type);
 /* Bytes of 64-byte-aligned scratch for one panel of n-element rows. */
 int64_t act_panel_scratch_bytes(int weight_type, int64_t n);
 
-/* Lays out n_rows (1..PANEL_ROWS) activation rows of weight_type's format (q8_0 or q8_1) in scratch. */
-void act_panel_prepare(act_panel *panel, int weight_type, const void *const *rows, int n_rows, int64_t n,
-                       void *scratch);
+/* Lays out n_rows (1..PANEL_ROWS) activation rows of weight_type's format (q8_0, q8_1 or q8_K), row r at
+ * first + r * row_bytes, in scratch: act_panel_prepare is the reference, the tier's (panel_prepare_table) the
+ * same bytes. */
+typedef void (*panel_prepare_fn)(act_panel *panel, int weight_type, const void *first, int64_t row_bytes,
+                                 int n_rows, int64_t n, void *scratch);
+void act_panel_prepare(act_panel *panel, int weight_type, const void *first, int64_t row_bytes, int n_rows,
+                       int64_t n, void *scratch);
+extern const panel_prepare_fn panel_prepare_avx512_vnni;  /* NULL off x86-64 */
+
+/* Points panel's parts into scratch (act_panel_scratch_bytes(weight_type, n)), for n_rows rows. */
+void act_panel_layout(act_panel *panel, int weight_type, int n_rows, int64_t n, void *scratch);
 
 /* A weight row unpacked for the panel kernels, in 64-byte-aligned scratch (wide_row_scratch_bytes):
  *   blocks: per block (32-element formats: wide_block) or superblock (wide_q4_K, wide_q6_K);

@@ -7,6 +7,8 @@
  */
 #include "panel.h"
 
+#include <stddef.h>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #include <immintrin.h>
@@ -174,6 +176,53 @@ static void wide_unpack_q6_K(const void *w, int64_t n, void *scratch, wide_row *
         }
         for (int g = 0; g < 16; ++g) out->scale[g] = x[b].scales[g];
         d[b] = _cvtsh_ss(x[b].d);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* activation rows to a panel                                                */
+/* ------------------------------------------------------------------------ */
+
+/* act_panel_prepare by gathers: each 4-byte unit of the 16 rows in one gather (rows past n_rows masked to
+ * zero), flipped to unsigned by xor 0x80 (q + 128 in a byte); the scales and sums gathered the same way. */
+static void panel_prepare(act_panel *panel, int weight_type, const void *first, int64_t row_bytes, int n_rows,
+                          int64_t n, void *scratch) {
+    act_panel_layout(panel, weight_type, n_rows, n, scratch);
+    const int act_type = pyllm_vec_dot_type(weight_type);
+    const __mmask16 real = (__mmask16)((1u << n_rows) - 1);
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int32_t)row_bytes));
+    const __m512i flip = _mm512_set1_epi32((int32_t)0x80808080u);
+    const uint8_t *base = first;
+    uint8_t *quants = (uint8_t *)panel->quants;
+    float *scale = (float *)panel->scale, *sum = (float *)panel->sum, *group_sums = (float *)panel->group_sums;
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        /* block b's quants and its (d, s) pair, or (q8_K) its superblock and group */
+        const uint8_t *block, *qs;
+        if (act_type == PYLLM_TYPE_Q8_K) {
+            block = base + b / 8 * (int64_t)sizeof(block_q8_K);
+            qs = block + offsetof(block_q8_K, qs) + QK32 * (b % 8);
+        } else {
+            block = base + b * (act_type == PYLLM_TYPE_Q8_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0));
+            qs = block + (act_type == PYLLM_TYPE_Q8_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs));
+        }
+        for (int l = 0; l < 8; ++l) {
+            const __m512i unit = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, rows, qs + 4 * l, 1);
+            _mm512_store_si512((void *)(quants + (b * 8 + l) * PANEL_ROWS * 4), _mm512_xor_si512(unit, flip));
+        }
+        if (act_type == PYLLM_TYPE_Q8_K) {
+            if (b % 8 == 0) {
+                _mm512_store_ps(scale + b / 8 * PANEL_ROWS, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), real, rows, block, 1));
+            }
+            const __m512i pair = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, rows,
+                                                             block + offsetof(block_q8_K, bsums) + 4 * (b % 8), 1);
+            const __m512i total = _mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), _mm512_srai_epi32(pair, 16));
+            _mm512_store_ps(group_sums + b * PANEL_ROWS, _mm512_cvtepi32_ps(total));
+            continue;
+        }
+        const __m512i halves = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, rows, block, 1);  /* d | s << 16 */
+        _mm512_store_ps(scale + b * PANEL_ROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves)));
+        if (sum != NULL) _mm512_store_ps(sum + b * PANEL_ROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(halves, 16))));
     }
 }
 
@@ -352,8 +401,11 @@ const panel_kernel_fn panel_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q8_0] = panel_kernel_lanes, [PYLLM_TYPE_Q4_K] = panel_kernel_q4_K, [PYLLM_TYPE_Q6_K] = panel_kernel_q6_K,
 };
 
+const panel_prepare_fn panel_prepare_avx512_vnni = panel_prepare;
+
 #else /* not x86-64 with GCC or clang: no panel kernels */
 
+const panel_prepare_fn panel_prepare_avx512_vnni = NULL;
 const wide_unpack_fn wide_unpack_table_avx512_vnni[PYLLM_TYPE_COUNT] = {0};
 const panel_kernel_fn panel_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {0};
 

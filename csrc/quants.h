@@ -310,6 +310,23 @@ typedef struct {
 extern const op_kernels op_kernels_generic;
 extern const op_kernels op_kernels_avx2;  /* all NULL off x86-64 */
 
+/* A prompt's attention (ops.c: a block of queries against one kv head's keys and values, converted once),
+ * the same bits as dots and weighted_sum above:
+ * kv_to_float:    keys k_t and values v_t (t < n, at k + t * stride, v + t * stride) to float: kt in blocks of 16
+ *                 keys (block b at kt + 16 * b * d; a last block's missing keys zero), vf in chunks of 16
+ *                 dimensions (chunk c of key t at vf + (c * n + t) * 16); both 64-byte aligned, d a multiple
+ *                 of 16;
+ * dots_t:         out[j] = q . key j of one block of kt, for its 16 keys, as dots;
+ * weighted_sum_f: out[j] = weighted_sum's dimension j of a chunk of vf, over the n keys of p (chunk: p's first
+ *                 key's values in the chunk, that key a multiple of 8 after the first converted one). */
+typedef struct {
+    void (*kv_to_float)(const fp16_t *k, const fp16_t *v, int64_t stride, int64_t n, int64_t d, float *kt, float *vf);
+    void (*dots_t)(const float *q, const float *block, int64_t d, float *out);
+    void (*weighted_sum_f)(const float *p, const float *chunk, int64_t n, float *out);
+} prompt_attention_kernels;
+
+extern const prompt_attention_kernels prompt_attention_avx512;  /* all NULL off x86-64 */
+
 /* exp(x) as llama.cpp's x86 vector code computes it (see vec_dot_generic.c) */
 float exp_ggml(float x);
 

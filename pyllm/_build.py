@@ -29,6 +29,7 @@ SOURCES = [
     "matmul.c",
     "ops.c",
     "ops_avx2.c",
+    "ops_avx512.c",
     "kvcache.c",
     "block.c",
     "strings.c",

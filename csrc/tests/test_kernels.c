@@ -143,13 +143,13 @@ static void test_panel_kernels_agree(void) {
         for (int mode = 0; mode < FILL_MODES; ++mode) {
             for (int blocks = 1; blocks <= 20; ++blocks) {
                 const int64_t n = pyllm_type_block_size(type) * blocks, row_bytes = blocks * pyllm_type_size(type);
-                uint8_t *w = malloc((size_t)(2 * row_bytes)), *act[PANEL_ROWS];
+                const int64_t act_bytes = pyllm_activation_row_bytes(type, n);
+                uint8_t *w = malloc((size_t)(2 * row_bytes)), *act = malloc((size_t)(PANEL_ROWS * act_bytes));
                 float *x = malloc((size_t)n * sizeof(float));
                 random_weights(type, w, 2, n, mode);
                 for (int r = 0; r < PANEL_ROWS; ++r) {
-                    act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
                     for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
-                    pyllm_quantize_activations(type, x, act[r], n);
+                    pyllm_quantize_activations(type, x, act + r * act_bytes, n);
                 }
                 const int64_t wide_bytes = wide_row_scratch_bytes(type, n);
                 uint8_t *wide = aligned_alloc(64, (size_t)(2 * wide_bytes));
@@ -159,26 +159,60 @@ static void test_panel_kernels_agree(void) {
                 const int panel_rows[2] = {PANEL_ROWS, 1 + blocks % PANEL_ROWS};
                 for (int pi = 0; pi < 2; ++pi) {
                     act_panel panel;
-                    act_panel_prepare(&panel, type, (const void *const *)act, panel_rows[pi], n, scratch);
+                    act_panel_prepare(&panel, type, act, act_bytes, panel_rows[pi], n, scratch);
                     for (int same = 0; same < 2; ++same) {
                         const wide_row two[2] = {rows[0], rows[same ? 0 : 1]};
                         float out[2][PANEL_ROWS];
                         kernel(n, two, &panel, out);
                         for (int i = 0; i < 2; ++i) {
                             for (int r = 0; r < panel_rows[pi]; ++r) {
-                                const float want = vec_dot_table_generic[type](n, w + (same ? 0 : i) * row_bytes, act[r]);
+                                const float want = vec_dot_table_generic[type](n, w + (same ? 0 : i) * row_bytes,
+                                                                               act + r * act_bytes);
                                 bad += memcmp(&want, &out[i][r], sizeof(float)) != 0;
                                 ++checked;
                             }
                         }
                     }
                 }
-                free(scratch); free(wide); free(x); free(w);
-                for (int r = 0; r < PANEL_ROWS; ++r) free(act[r]);
+                free(scratch); free(wide); free(x); free(w); free(act);
             }
         }
     }
     CHECK(checked > 0 && bad == 0, "panel kernels: %d of %d outputs differ from generic vec_dot", bad, checked);
+}
+
+/* The tier's panel layout (gathers) is act_panel_prepare's, byte for byte, for every activation format, 1..16
+ * rows and 1..20 blocks (superblocks); the rows sit at the end of their buffer (ASan: nothing read past). */
+static void test_panel_prepare_agrees(void) {
+    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX512_VNNI || panel_prepare_avx512_vnni == NULL) return;
+    const int types[] = {PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q4_K};  /* q8_0, q8_1, q8_K rows */
+    int checked = 0, bad = 0;
+    for (int ti = 0; ti < 3; ++ti) {
+        const int type = types[ti];
+        for (int blocks = 1; blocks <= 20; ++blocks) {
+            const int64_t n = pyllm_type_block_size(type) * blocks, act_bytes = pyllm_activation_row_bytes(type, n);
+            uint8_t *act = malloc((size_t)(PANEL_ROWS * act_bytes));
+            float *x = malloc((size_t)n * sizeof(float));
+            for (int r = 0; r < PANEL_ROWS; ++r) {
+                for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+                pyllm_quantize_activations(type, x, act + r * act_bytes, n);
+            }
+            const int64_t bytes = act_panel_scratch_bytes(type, n);
+            uint8_t *want = aligned_alloc(64, (size_t)bytes), *got = aligned_alloc(64, (size_t)bytes);
+            for (int n_rows = 1; n_rows <= PANEL_ROWS; ++n_rows) {
+                const uint8_t *first = act + (PANEL_ROWS - n_rows) * act_bytes;
+                act_panel a, b;
+                memset(want, 1, (size_t)bytes), memset(got, 2, (size_t)bytes);
+                act_panel_prepare(&a, type, first, act_bytes, n_rows, n, want);
+                panel_prepare_avx512_vnni(&b, type, first, act_bytes, n_rows, n, got);
+                bad += memcmp(want, got, (size_t)bytes) != 0 || a.n_rows != b.n_rows || (a.sum == NULL) != (b.sum == NULL) ||
+                       (a.group_sums == NULL) != (b.group_sums == NULL);
+                ++checked;
+            }
+            free(want); free(got); free(act); free(x);
+        }
+    }
+    CHECK(bad == 0, "panel layout: %d of %d differ from act_panel_prepare's", bad, checked);
 }
 
 static void test_bad_arguments(void) {
@@ -496,6 +530,53 @@ static void test_attention_tiers_agree(void) {
     pyllm_set_tier(saved);
 }
 
+/* A prompt's attention (37 query rows: two blocks of 16 and a last of 5, where the tier has prompt kernels) is each
+ * row's attention alone, bit for bit, and the generic tier's: over slots in ring order with empty ones, rows that
+ * see no key, GQA groups, a sliding window and a softcap. */
+static void test_prompt_attention_is_row_attention(void) {
+    enum { M = 37, N_KV = 70, MAX_HEAD = 8, MAX_D = 80 };
+    static float q[M * MAX_HEAD * MAX_D], ref[M * MAX_HEAD * MAX_D], got[M * MAX_HEAD * MAX_D];
+    static uint16_t k[N_KV * MAX_HEAD * MAX_D], v[N_KV * MAX_HEAD * MAX_D];
+    const int heads[][2] = {{4, 2}, {8, 1}, {3, 3}}, ds[] = {16, 64, 80};
+    int32_t qpos[M], kpos[N_KV];
+    for (int t = 0; t < N_KV; ++t) kpos[t] = t % 9 == 4 ? -1 : (t * 37 + 11) % N_KV + 3;  /* a ring's order, holes */
+    for (int r = 0; r < M; ++r) qpos[r] = 2 * r;  /* rows 0 and 1 see no key */
+    const int saved = pyllm_active_tier();
+    int bad = 0, checked = 0;
+    for (int hi = 0; hi < 3; ++hi) {
+        const int n_head = heads[hi][0], n_head_kv = heads[hi][1];
+        for (int di = 0; di < 3; ++di) {
+            const int d = ds[di];
+            for (int i = 0; i < M * n_head * d; ++i) q[i] = rng_float(-2, 2);
+            for (int i = 0; i < N_KV * n_head_kv * d; ++i) {
+                k[i] = fp32_to_fp16(rng_float(-2, 2));
+                v[i] = fp32_to_fp16(rng_float(-2, 2));
+            }
+            for (int setting = 0; setting < 3; ++setting) {
+                const int32_t window = setting == 1 ? 7 : 0;
+                const float softcap = setting == 2 ? 30.0f : 0.0f;
+                pyllm_set_tier(PYLLM_TIER_GENERIC);
+                for (int r = 0; r < M; ++r) {
+                    CHECK(pyllm_attention(q + r * n_head * d, k, v, &qpos[r], kpos, 1, N_KV, n_head, n_head_kv, d, 0.3f,
+                                          window, softcap, ref + r * n_head * d, 1) == PYLLM_OK, "row attention");
+                }
+                for (int tier = 0; tier <= pyllm_cpu_best_tier(); ++tier) {
+                    pyllm_set_tier(tier);
+                    for (int threads = 1; threads <= 3; threads += 2) {
+                        memset(got, 0xFF, sizeof(got));
+                        CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, n_head, n_head_kv, d, 0.3f, window, softcap,
+                                              got, threads) == PYLLM_OK, "prompt attention");
+                        bad += memcmp(ref, got, sizeof(float) * (size_t)(M * n_head * d)) != 0;
+                        ++checked;
+                    }
+                }
+            }
+        }
+    }
+    pyllm_set_tier(saved);
+    CHECK(bad == 0, "prompt attention: %d of %d differ from the rows alone", bad, checked);
+}
+
 /* The activation quantizers: every tier writes the generic bytes, on rows with zero blocks, NaN and
  * infinities, exact halves (ties), a largest |x| met twice with both signs, and values near the float
  * limits. */
@@ -773,9 +854,11 @@ int main(void) {
     test_tiers_agree();
     test_matmul_invariance();
     test_panel_kernels_agree();
+    test_panel_prepare_agrees();
     test_bad_arguments();
     test_pool_team_sizes();
     test_attention_tiers_agree();
+    test_prompt_attention_is_row_attention();
     test_op_kernels_agree();
     test_kv_cache_layer();
     test_rows_kernels_agree();
