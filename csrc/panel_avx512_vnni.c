@@ -183,46 +183,70 @@ static void wide_unpack_q6_K(const void *w, int64_t n, void *scratch, wide_row *
 /* activation rows to a panel                                                */
 /* ------------------------------------------------------------------------ */
 
-/* act_panel_prepare by gathers: each 4-byte unit of the 16 rows in one gather (rows past n_rows masked to
- * zero), flipped to unsigned by xor 0x80 (q + 128 in a byte); the scales and sums gathered the same way. */
+/* The 8 four-byte units of 16 rows' 32 bytes (rows r and r + 8 in the halves of z[r]), transposed: out[l] =
+ * unit l of rows 0..15, flipped to unsigned by xor 0x80 (q + 128 in a byte). The 8 x 8 transpose of each half:
+ * pairs of rows interleaved by 32 and then 64 bits, then the 128-bit lanes of two results put together. */
+static inline void transpose_units(const __m512i z[8], uint8_t *out) {
+    __m512i t[8], u[8];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+        t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {  /* u[4k + j]: rows 4k..4k + 3 of units j (128-bit lanes 0, 2) and j + 4 (1, 3) */
+        u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    const __m512i low = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), high = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i flip = _mm512_set1_epi32((int32_t)0x80808080u);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        _mm512_store_si512((void *)(out + j * 64), _mm512_xor_si512(_mm512_permutex2var_epi64(u[j], low, u[4 + j]), flip));
+        _mm512_store_si512((void *)(out + (j + 4) * 64), _mm512_xor_si512(_mm512_permutex2var_epi64(u[j], high, u[4 + j]), flip));
+    }
+}
+
+/* act_panel_prepare by transposes: a block's 32 quants of the 16 rows (zeros past n_rows) loaded whole and
+ * transposed into its 8 units; the scales and sums copied row by row. */
 static void panel_prepare(act_panel *panel, int weight_type, const void *first, int64_t row_bytes, int n_rows,
                           int64_t n, void *scratch) {
     act_panel_layout(panel, weight_type, n_rows, n, scratch);
     const int act_type = pyllm_vec_dot_type(weight_type);
-    const __mmask16 real = (__mmask16)((1u << n_rows) - 1);
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int32_t)row_bytes));
-    const __m512i flip = _mm512_set1_epi32((int32_t)0x80808080u);
     const uint8_t *base = first;
     uint8_t *quants = (uint8_t *)panel->quants;
     float *scale = (float *)panel->scale, *sum = (float *)panel->sum, *group_sums = (float *)panel->group_sums;
+    const int64_t block_bytes = act_type == PYLLM_TYPE_Q8_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
     for (int64_t b = 0; b < n / QK32; ++b) {
-        /* block b's quants and its (d, s) pair, or (q8_K) its superblock and group */
-        const uint8_t *block, *qs;
-        if (act_type == PYLLM_TYPE_Q8_K) {
-            block = base + b / 8 * (int64_t)sizeof(block_q8_K);
-            qs = block + offsetof(block_q8_K, qs) + QK32 * (b % 8);
-        } else {
-            block = base + b * (act_type == PYLLM_TYPE_Q8_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0));
-            qs = block + (act_type == PYLLM_TYPE_Q8_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs));
+        /* block b's offset in a row: its quants, and its (d, s) halves or (q8_K) its superblock */
+        const int64_t at = act_type == PYLLM_TYPE_Q8_K ? b / 8 * (int64_t)sizeof(block_q8_K) : b * block_bytes;
+        const int64_t qs = act_type == PYLLM_TYPE_Q8_K ? at + (int64_t)offsetof(block_q8_K, qs) + QK32 * (b % 8)
+                         : at + (act_type == PYLLM_TYPE_Q8_1 ? (int64_t)offsetof(block_q8_1, qs) : (int64_t)offsetof(block_q8_0, qs));
+        __m512i z[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+            const __m256i lo = r < n_rows ? _mm256_loadu_si256((const __m256i *)(base + r * row_bytes + qs)) : _mm256_setzero_si256();
+            const __m256i hi = r + 8 < n_rows ? _mm256_loadu_si256((const __m256i *)(base + (r + 8) * row_bytes + qs))
+                                              : _mm256_setzero_si256();
+            z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
-        for (int l = 0; l < 8; ++l) {
-            const __m512i unit = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, rows, qs + 4 * l, 1);
-            _mm512_store_si512((void *)(quants + (b * 8 + l) * PANEL_ROWS * 4), _mm512_xor_si512(unit, flip));
-        }
-        if (act_type == PYLLM_TYPE_Q8_K) {
-            if (b % 8 == 0) {
-                _mm512_store_ps(scale + b / 8 * PANEL_ROWS, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), real, rows, block, 1));
+        transpose_units(z, quants + b * 8 * PANEL_ROWS * 4);
+        for (int r = 0; r < PANEL_ROWS; ++r) {
+            const uint8_t *row = base + r * row_bytes + at;
+            const int real = r < n_rows;
+            if (act_type == PYLLM_TYPE_Q8_K) {
+                const block_q8_K *y = (const block_q8_K *)row;
+                if (b % 8 == 0) scale[b / 8 * PANEL_ROWS + r] = real ? y->d : 0.0f;
+                group_sums[b * PANEL_ROWS + r] = real ? (float)(y->bsums[2 * (b % 8)] + y->bsums[2 * (b % 8) + 1]) : 0.0f;
+                continue;
             }
-            const __m512i pair = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, rows,
-                                                             block + offsetof(block_q8_K, bsums) + 4 * (b % 8), 1);
-            const __m512i total = _mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), _mm512_srai_epi32(pair, 16));
-            _mm512_store_ps(group_sums + b * PANEL_ROWS, _mm512_cvtepi32_ps(total));
-            continue;
+            fp16_t halves[2] = {0, 0};  /* d, and q8_1's s */
+            if (real) memcpy(halves, row, act_type == PYLLM_TYPE_Q8_1 ? 4 : 2);
+            scale[b * PANEL_ROWS + r] = _cvtsh_ss(halves[0]);
+            if (sum != NULL) sum[b * PANEL_ROWS + r] = _cvtsh_ss(halves[1]);
         }
-        const __m512i halves = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, rows, block, 1);  /* d | s << 16 */
-        _mm512_store_ps(scale + b * PANEL_ROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves)));
-        if (sum != NULL) _mm512_store_ps(sum + b * PANEL_ROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(halves, 16))));
     }
 }
 
@@ -287,27 +311,32 @@ static void panel_kernel_lanes_min(int64_t n, const wide_row rows[2], const act_
 
 /* Q4_0: each block's exact total (four partial sums of two dots each, for the dots' latency), then
  * acc = fmaf((float)total, d_w * d_a, acc). */
+static inline __m512 q4_0_block(__m512 acc, const wide_block *w, float d, __m512 d_act, const __m512i a[8]) {
+    const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_set1_epi32(w->correction[0]), a[0], weight_unit(w->q, 0)),
+                                           a[4], weight_unit(w->q, 4));
+    const __m512i s1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), a[1], weight_unit(w->q, 1)), a[5],
+                                           weight_unit(w->q, 5));
+    const __m512i s2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), a[2], weight_unit(w->q, 2)), a[6],
+                                           weight_unit(w->q, 6));
+    const __m512i s3 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), a[3], weight_unit(w->q, 3)), a[7],
+                                           weight_unit(w->q, 7));
+    const __m512i total = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(_mm512_set1_ps(d), d_act), acc);
+}
+
 static void panel_kernel_q4_0(int64_t n, const wide_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    const wide_block *w0 = rows[0].blocks, *w1 = rows[1].blocks;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / QK32; ++b) {
         const __m512 d_act = _mm512_load_ps(p->scale + b * PANEL_ROWS);
         __m512i a[8];
+#pragma GCC unroll 8
         for (int l = 0; l < 8; ++l) a[l] = panel_unit(p, b, l);
-#pragma GCC unroll 2
-        for (int i = 0; i < 2; ++i) {
-            const wide_block *w = (const wide_block *)rows[i].blocks + b;
-            __m512i part[4];
-            for (int k = 0; k < 4; ++k) {
-                const __m512i start = k == 0 ? _mm512_set1_epi32(w->correction[0]) : _mm512_setzero_si512();
-                part[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, a[k], weight_unit(w->q, k)), a[k + 4],
-                                              weight_unit(w->q, k + 4));
-            }
-            const __m512i total = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]), _mm512_add_epi32(part[2], part[3]));
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(_mm512_set1_ps(rows[i].d[b]), d_act), acc[i]);
-        }
+        acc0 = q4_0_block(acc0, w0 + b, rows[0].d[b], d_act, a);
+        acc1 = q4_0_block(acc1, w1 + b, rows[1].d[b], d_act, a);
     }
-    _mm512_storeu_ps(out[0], acc[0]);
-    _mm512_storeu_ps(out[1], acc[1]);
+    _mm512_storeu_ps(out[0], acc0);
+    _mm512_storeu_ps(out[1], acc1);
 }
 
 /* Q4_K: each 32-element group's exact sum, then per 64-element chunk its scaled sum and scaled min in float
@@ -319,19 +348,25 @@ static void panel_kernel_q4_K(int64_t n, const wide_row rows[2], const act_panel
         const __m512 d_act = _mm512_load_ps(p->scale + b * PANEL_ROWS);
         const wide_q4_K *w[2] = {(const wide_q4_K *)rows[0].blocks + b, (const wide_q4_K *)rows[1].blocks + b};
         __m512i dots[2][8];
+#pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
+#pragma GCC unroll 8
             for (int g = 0; g < 8; ++g) dots[i][g] = _mm512_set1_epi32(w[i]->correction[g]);
         }
+#pragma GCC unroll 8
         for (int u = 0; u < 8; ++u) {
 #pragma GCC unroll 8
             for (int g = 0; g < 8; ++g) {
                 const __m512i a = panel_unit(p, 8 * b + g, u);
+#pragma GCC unroll 2
                 for (int i = 0; i < 2; ++i) dots[i][g] = _mm512_dpbusd_epi32(dots[i][g], a, weight_unit(w[i]->q + QK32 * g, u));
             }
         }
+#pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
             const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(rows[i].d[b]), d_act);
             const __m512 scale_min = _mm512_mul_ps(_mm512_set1_ps(rows[i].m[b]), d_act);
+#pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 const __m512 sum = _mm512_fmadd_ps(_mm512_set1_ps(w[i]->scale[2 * c + 1]), _mm512_cvtepi32_ps(dots[i][2 * c + 1]),
                                                    _mm512_mul_ps(_mm512_set1_ps(w[i]->scale[2 * c]), _mm512_cvtepi32_ps(dots[i][2 * c])));
@@ -343,6 +378,7 @@ static void panel_kernel_q4_K(int64_t n, const wide_row rows[2], const act_panel
             }
         }
     }
+#pragma GCC unroll 2
     for (int i = 0; i < 2; ++i) _mm512_storeu_ps(out[i], _mm512_sub_ps(acc[i], mins[i]));
 }
 
@@ -353,26 +389,34 @@ static void panel_kernel_q6_K(int64_t n, const wide_row rows[2], const act_panel
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const wide_q6_K *w[2] = {(const wide_q6_K *)rows[0].blocks + b, (const wide_q6_K *)rows[1].blocks + b};
         __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
             __m512i dots[2][8];
+#pragma GCC unroll 2
             for (int i = 0; i < 2; ++i) {
+#pragma GCC unroll 8
                 for (int j = 0; j < 8; ++j) dots[i][j] = _mm512_set1_epi32(w[i]->correction[8 * half + j]);
             }
+#pragma GCC unroll 4
             for (int u = 0; u < 4; ++u) {
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; ++j) {  /* group g = 8 half + j: units 4 (g % 2) + u of 32-element block g / 2 */
                     const int g = 8 * half + j;
                     const __m512i a = panel_unit(p, 8 * b + g / 2, 4 * (g % 2) + u);
+#pragma GCC unroll 2
                     for (int i = 0; i < 2; ++i) dots[i][j] = _mm512_dpbusd_epi32(dots[i][j], a, weight_unit(w[i]->q + 16 * g, u));
                 }
             }
+#pragma GCC unroll 2
             for (int i = 0; i < 2; ++i) {
+#pragma GCC unroll 8
                 for (int j = 0; j < 8; ++j) {
                     sums[i] = _mm512_add_epi32(sums[i], _mm512_mullo_epi32(dots[i][j], _mm512_set1_epi32(w[i]->scale[8 * half + j])));
                 }
             }
         }
         const __m512 d_act = _mm512_load_ps(p->scale + b * PANEL_ROWS);
+#pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(rows[i].d[b]), _mm512_cvtepi32_ps(sums[i])), d_act, acc[i]);
         }
