@@ -33,11 +33,11 @@ from pyllm.model import ContextFullError, Model
 WINDOW = 4
 
 
-def write_tiny_model(path: Path, arch: str, weight_type: Q, seed: int = 0) -> Path:
+def write_tiny_model(path: Path, arch: str, weight_type: Q, seed: int = 0, n_ctx: int = 64) -> Path:
     rng = np.random.default_rng(seed)
     fam = FAMILIES[arch]
     w = gguf.GGUFWriter(str(path), arch)
-    write_hparams(w, arch, 64, WINDOW)
+    write_hparams(w, arch, n_ctx, WINDOW)
 
     def add(name: str, shape: tuple[int, ...], scale: float, quantize: bool = True) -> None:
         data = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -192,6 +192,19 @@ def test_logits_do_not_depend_on_batching(tmp_path: Path, arch: str) -> None:
         threaded = model.forward(tokens, model.new_cache(64), logits="all")
     for other in (chunks, single, threaded):
         np.testing.assert_array_equal(whole.view(np.uint32), other.view(np.uint32))
+
+
+def test_long_prompts_in_ffn_chunks_give_the_same_bits(tmp_path: Path) -> None:
+    """A prompt longer than the FFN's row chunk (256 rows) gives the bits of the same tokens in two calls."""
+    path = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", Q.Q8_0, seed=3, n_ctx=640)
+    tokens = [int(t) for t in np.random.default_rng(6).integers(0, N_VOCAB, 600)]
+    with GGUFFile(path) as f:
+        model = Model(f, n_threads=2)
+        whole = model.forward(tokens, model.new_cache(640), logits="all")
+        cache = model.new_cache(640)
+        halves = np.concatenate([model.forward(tokens[:250], cache, logits="all"),
+                                 model.forward(tokens[250:], cache, logits="all")])
+    np.testing.assert_array_equal(whole.view(np.uint32), halves.view(np.uint32))
 
 
 def test_cache_reuse_after_truncate_gives_same_bits(tmp_path: Path) -> None:
