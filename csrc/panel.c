@@ -3,16 +3,6 @@
  */
 #include "panel.h"
 
-int panel_type(int weight_type) {
-    switch (weight_type) {
-    case PYLLM_TYPE_Q4_0: case PYLLM_TYPE_Q4_0_LANES: case PYLLM_TYPE_Q4_1: case PYLLM_TYPE_Q5_0:
-    case PYLLM_TYPE_Q5_0_G8: case PYLLM_TYPE_Q5_1: case PYLLM_TYPE_Q8_0: case PYLLM_TYPE_Q4_K: case PYLLM_TYPE_Q6_K:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* quants (nb * 512 bytes), then scale and sum (q8_1) or group_sums (q8_K), nb * 64 bytes each (q8_K's scale:
  * per superblock), so every part is whole 64-byte lines */
 int64_t act_panel_scratch_bytes(int weight_type, int64_t n) {

@@ -36,9 +36,6 @@ typedef struct {
     int n_rows;
 } act_panel;
 
-/* Whether weight_type's prompt matmul can go through panels (the 32-element formats). */
-int panel_type(int weight_type);
-
 /* Bytes of 64-byte-aligned scratch for one panel of n-element rows. */
 int64_t act_panel_scratch_bytes(int weight_type, int64_t n);
 

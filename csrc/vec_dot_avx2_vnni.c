@@ -1,7 +1,8 @@
 /*
- * vec_dot_avx2_vnni.c - the kernels of vec_dot_avx2.inc on 256-bit vectors with int8
- * dots by vpdpbusd / vpdpwssd (AVX-512 VNNI + VL, which also give the EVEX forms 32
- * vector registers): the avx512_vnni tier's kernels.
+ * vec_dot_avx2_vnni.c - the kernels of vec_dot_avx2.inc with int8 dots by vpdpbusd /
+ * vpdpwssd (AVX-512 VNNI + VL, which also give the EVEX forms 32 vector registers): the
+ * avx512_vnni tier's kernels, on 256-bit vectors, except the 32-element formats' 4- and
+ * 8-row kernels, which put two activation rows in a 512-bit vector.
  *
  * Built without global -m flags: the kernels get their target by pragma and
  * run only where dispatch.c has seen the CPU features.
