@@ -213,7 +213,7 @@ static void visible_span(const attention_job *job, int64_t r, int64_t t0, int64_
     *first = f, *last = l;
 }
 
-/* One (query row, head) of a block: its visible slots and its softmax's maximum. */
+/* One (query row, head) of a block: its first and last visible slots (then the weighted sum's span). */
 typedef struct {
     int64_t first, last;
 } pair_span;
