@@ -218,6 +218,11 @@ typedef struct {
     int64_t first, last;
 } pair_span;
 
+/* Floats of a block's spans, whole 64-byte lines (so kt after them stays aligned). */
+static int64_t span_floats(int64_t group) {
+    return round16(QUERY_BLOCK * group * (int64_t)(sizeof(pair_span) / sizeof(float)));
+}
+
 /* Query rows r0..r1 - 1 of every head of kv head hk, attend_one's arithmetic step for step: the keys and values
  * of the slots any of the rows sees converted to float once (kt, vf); the dot products a 16-key block at a time
  * for every (row, head) pair, then each pair's scaling and softmax, then the weighted sums a 16-dimension chunk
@@ -225,13 +230,17 @@ typedef struct {
  * aligned, block_scratch_floats. */
 static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64_t r1, float *scratch) {
     const int64_t d = job->d, stride = job->n_head_kv * d, group = job->n_head / job->n_head_kv;
+    const int64_t pairs = (r1 - r0) * group;  /* pair p: row r0 + p % rows, head hk * group + p / rows */
+    pair_span *spans = (pair_span *)scratch;  /* each row's, for every head */
     int64_t first = job->n_kv, last = -1;
     for (int64_t r = r0; r < r1; ++r) {
-        int64_t f, l;
-        visible_span(job, r, 0, job->n_kv, &f, &l);
-        if (l >= f) first = f < first ? f : first, last = l > last ? l : last;
+        pair_span *span = &spans[r - r0];
+        visible_span(job, r, 0, job->n_kv, &span->first, &span->last);
+        if (span->last >= span->first) {
+            first = span->first < first ? span->first : first;
+            last = span->last > last ? span->last : last;
+        }
     }
-    const int64_t pairs = (r1 - r0) * group;  /* pair p: row r0 + p % rows, head hk * group + p / rows */
     if (last < first) {  /* no row sees a key */
         for (int64_t p = 0; p < pairs; ++p) {
             float *out = job->out + ((r0 + p % (r1 - r0)) * job->n_head + hk * group + p / (r1 - r0)) * d;
@@ -240,14 +249,12 @@ static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64
         return;
     }
     const int64_t t0 = first / 16 * 16, n = last + 1 - t0, n16 = round16(n);
-    float *kt = scratch, *vf = kt + d * n16, *qs = vf + round16(n * d), *scores = qs + pairs * d;
+    float *kt = scratch + span_floats(group), *vf = kt + d * n16, *qs = vf + round16(n * d), *scores = qs + pairs * d;
     fp16_t *q_half = (fp16_t *)(scores + pairs * n16);
-    pair_span *spans = (pair_span *)(q_half + round16(d));
     job->prompt->kv_to_float(job->k + t0 * stride + hk * d, job->v + t0 * stride + hk * d, stride, n, d, kt, vf);
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
-        if (p < r1 - r0) visible_span(job, r, t0, t0 + n, &spans[p].first, &spans[p].last);
-        else spans[p] = spans[p % (r1 - r0)];  /* the row's, for every head */
+        if (p >= r1 - r0) spans[p] = spans[p % (r1 - r0)];  /* the row's, for every head */
         job->kernels->to_half(job->q + (r * job->n_head + h) * d, q_half, d);
         for (int64_t i = 0; i < d; ++i) qs[p * d + i] = fp16_lookup(q_half[i]);
     }
@@ -288,12 +295,11 @@ static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64
     }
 }
 
-/* Floats of attend_block's scratch for n_kv slots of d and group heads a kv head: kt, vf, the pairs' queries
- * and scores, a query in halves, the pairs' spans. */
+/* Floats of attend_block's scratch for n_kv slots of d and group heads a kv head: the pairs' spans, kt, vf, the
+ * pairs' queries and scores, a query in halves. */
 static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
     const int64_t pairs = QUERY_BLOCK * group;
-    return d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv) + round16(d) +
-           round16(pairs * (int64_t)(sizeof(pair_span) / sizeof(float)));
+    return span_floats(group) + d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv) + round16(d);
 }
 
 /* A job's items: its (row, head) pairs, or with prompt kernels its (query block, kv head) pairs. */
