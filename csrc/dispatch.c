@@ -26,8 +26,10 @@ static const type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_1] = {"Q4_1", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q5_0] = {"Q5_0", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q5_0_G8] = {"Q5_0 (8-block groups)", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q4_1_X16] = {"Q4_1 (16-row tiles)", QK32, sizeof(block_q4_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q8_0] = {"Q8_0", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q8_0_X16] = {"Q8_0 (16-row tiles)", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), PYLLM_TYPE_Q8_K},
@@ -183,6 +185,10 @@ vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
     return NULL;
 }
 
+x16_kernel_fn pyllm_active_x16_kernel(int type) {
+    return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? x16_kernel_table_avx512_vnni[type] : NULL;
+}
+
 panel_kernel_fn pyllm_active_panel_kernel(int type) {
     return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? panel_kernel_table_avx512_vnni[type] : NULL;
 }
@@ -218,7 +224,34 @@ int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     ensure_init();
     int status = check_row(type, n);
     if (status != PYLLM_OK) return status;
+    if (dequantize_table[type] == NULL) return PYLLM_ERR_TYPE;
     dequantize_table[type](src, dst, n);
+    return PYLLM_OK;
+}
+
+int pyllm_dequantize_rows(int type, const void *w, int64_t n_rows, int64_t n, const int64_t *rows, int64_t m,
+                          float *out) {
+    ensure_init();
+    const int base = x16_base_type(type), plain = base >= 0 ? base : type;
+    int status = check_row(type, n);
+    if (status != PYLLM_OK) return status;
+    if (dequantize_table[plain] == NULL) return PYLLM_ERR_TYPE;
+    if (n_rows < 0 || m < 0 || (base >= 0 && n_rows % X16_ROWS != 0)) return PYLLM_ERR_SHAPE;
+    for (int64_t i = 0; i < m; ++i) {
+        if (rows[i] < 0 || rows[i] >= n_rows) return PYLLM_ERR_SHAPE;
+    }
+    const int64_t row_bytes = n / traits[type].block_size * traits[type].type_size;
+    uint8_t *gathered = base >= 0 ? malloc((size_t)row_bytes) : NULL;
+    if (base >= 0 && gathered == NULL) return PYLLM_ERR_NOMEM;
+    for (int64_t i = 0; i < m; ++i) {
+        const uint8_t *row = (const uint8_t *)w + rows[i] * row_bytes;
+        if (base >= 0) {
+            x16_gather_row(type, w, rows[i], n, gathered);
+            row = gathered;
+        }
+        dequantize_table[plain](row, out + i * n, n);
+    }
+    free(gathered);
     return PYLLM_OK;
 }
 

@@ -9,7 +9,10 @@
  *
  * X rows go, in this order, to panels of PANEL_ROWS (where the tier has panel
  * kernels: panel.h), to groups of VEC_DOT_MAX_ROWS for the multi-row kernels,
- * and one at a time to the row kernel or vec_dot.
+ * and one at a time to the row kernel or vec_dot. An interleaved W (quants.h:
+ * 16 rows a tile) takes the rows after the panels two at a time to its tile
+ * kernel; where the tier has none, each of its rows is rebuilt and goes to
+ * the plain type's vec_dot, as do the rows a panel kernel unpacks.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -18,8 +21,11 @@
 #include "scratch.h"
 #include "threadpool.h"
 
-/* Weight rows handled together, so a tile of W stays in cache across X rows. */
-#define ROW_TILE 16
+/* Weight rows handled together, so a tile of W stays in cache across X rows (an interleaved W's tile). */
+#define ROW_TILE X16_ROWS
+
+/* A tile kernel's first pass over an interleaved tile asks for the weights this many blocks ahead. */
+#define TILE_PREFETCH_BLOCKS 4
 
 /* Fewer X rows than this are a decode step: quantized on the calling thread (quicker than handing them out),
  * and W streamed from memory in one contiguous range per thread. */
@@ -33,7 +39,9 @@ typedef struct {
     panel_kernel_fn panel_kernel; /* with n_panels > 0 */
     wide_unpack_fn wide_unpack;
     panel_prepare_fn panel_prepare;
-    int type;
+    x16_kernel_fn tile_kernel;    /* an interleaved W's, where the tier has one; NULL otherwise */
+    int type;              /* W's plain type: its activation format, its vec_dot, its panels */
+    int w_type;            /* W's own: type, or its interleaved form */
     const uint8_t *w;      /* (n, w_row_bytes) */
     int64_t w_row_bytes;
     int64_t n, k, m;
@@ -47,6 +55,8 @@ typedef struct {
     int64_t panel_bytes;
     uint8_t *wide;         /* (n_threads, ROW_TILE, wide_row_bytes): each thread's unpacked weight rows */
     int64_t wide_row_bytes;
+    uint8_t *gathered;     /* an interleaved W: (n_threads, gathered_bytes), each thread's rebuilt row */
+    int64_t gathered_bytes;
     act_rows *groups;      /* with a rows kernel: the next X rows in groups of VEC_DOT_MAX_ROWS */
     int64_t n_groups;
     act_rows *lone;        /* with a row kernel: X rows first_lone.. (those no group holds), prepared */
@@ -70,12 +80,19 @@ static void quantize_task(void *arg, int ith, int nth) {
     }
 }
 
+/* Weight row c in W's plain format: in place, or an interleaved W's rebuilt in gathered (the thread's). */
+static const uint8_t *weight_row(const matmul_job *job, int64_t c, uint8_t *gathered) {
+    if (job->w_type == job->type) return job->w + c * job->w_row_bytes;
+    x16_gather_row(job->w_type, job->w, c, job->k, gathered);
+    return gathered;
+}
+
 /* Output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once
  * into wide (the thread's), then each panel against them two at a time (an odd last one paired with itself). */
-static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, uint8_t *wide) {
+static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, uint8_t *wide, uint8_t *gathered) {
     wide_row rows[ROW_TILE];
     for (int64_t c = tile; c < tile_end; ++c) {
-        job->wide_unpack(job->w + c * job->w_row_bytes, job->k, wide + (c - tile) * job->wide_row_bytes, &rows[c - tile]);
+        job->wide_unpack(weight_row(job, c, gathered), job->k, wide + (c - tile) * job->wide_row_bytes, &rows[c - tile]);
     }
     for (int64_t p = 0; p < job->n_panels; ++p) {
         for (int64_t c = tile; c < tile_end; c += 2) {
@@ -92,12 +109,30 @@ static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, ui
     }
 }
 
-/* Output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; wide: the thread's
- * scratch for dot_panels. */
-static void dot_rows(const matmul_job *job, int64_t begin, int64_t end, uint8_t *wide) {
+/* The X rows from first_lone on against an interleaved tile (weight rows tile..tile + 15), two at a time. The
+ * first pass reads the tile from memory and asks for it a few blocks ahead; the later ones find it in cache and
+ * ask for the next tile (the matrix's last tile: itself). */
+static void dot_tile(const matmul_job *job, int64_t tile) {
+    const int64_t tile_bytes = ROW_TILE * job->w_row_bytes, block_bytes = ROW_TILE * pyllm_type_size(job->type);
+    const uint8_t *w = job->w + tile * job->w_row_bytes;
+    const uint8_t *next = tile + ROW_TILE < job->n ? w + tile_bytes : w;
+    for (int64_t r = job->first_lone; r < job->m; r += 2) {
+        const int n_rows = job->m - r >= 2 ? 2 : 1;
+        const uint8_t *prefetch = r == job->first_lone ? w + TILE_PREFETCH_BLOCKS * block_bytes : next;
+        job->tile_kernel(job->k, w, &job->lone[r - job->first_lone], n_rows, job->y + r * job->n + tile, job->n, prefetch);
+    }
+}
+
+/* Output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; wide and gathered:
+ * the thread's scratch for dot_panels and weight_row. */
+static void dot_rows(const matmul_job *job, int64_t begin, int64_t end, uint8_t *wide, uint8_t *gathered) {
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        if (job->n_panels > 0) dot_panels(job, tile, tile_end, wide);
+        if (job->n_panels > 0) dot_panels(job, tile, tile_end, wide, gathered);
+        if (job->tile_kernel != NULL) {
+            dot_tile(job, tile);
+            continue;
+        }
         int64_t r = job->n_panels * PANEL_ROWS;
         for (int64_t gi = 0; gi < job->n_groups;) {  /* weight rows unpacked once per group or pair of groups */
             const act_rows *group = &job->groups[gi];
@@ -120,7 +155,7 @@ static void dot_rows(const matmul_job *job, int64_t begin, int64_t end, uint8_t 
                 continue;
             }
             const uint8_t *act = job->act + r * job->act_row_bytes;
-            for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, job->w + c * job->w_row_bytes, act);
+            for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, weight_row(job, c, gathered), act);
         }
     }
 }
@@ -131,11 +166,12 @@ static void dot_task(void *arg, int ith, int nth) {
     (void)nth;
     matmul_job *job = arg;
     uint8_t *wide = job->n_panels > 0 ? job->wide + ith * ROW_TILE * job->wide_row_bytes : NULL;
+    uint8_t *gathered = job->gathered + ith * job->gathered_bytes;
     for (;;) {
         const int64_t begin = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed) * job->chunk_rows;
         if (begin >= job->n) break;
         const int64_t end = begin + job->chunk_rows < job->n ? begin + job->chunk_rows : job->n;
-        dot_rows(job, begin, end, wide);
+        dot_rows(job, begin, end, wide, gathered);
     }
 }
 
@@ -149,24 +185,29 @@ static void panel_task(void *arg, int ith, int nth) {
     }
 }
 
-int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
+int pyllm_matmul(int w_type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
                  float *y, int n_threads) {
-    const int64_t block_size = pyllm_type_block_size(type);
-    if (block_size == 0 || pyllm_vec_dot_type(type) < 0) return PYLLM_ERR_TYPE;
+    const int64_t block_size = pyllm_type_block_size(w_type);
+    if (block_size == 0 || pyllm_vec_dot_type(w_type) < 0) return PYLLM_ERR_TYPE;
     if (n <= 0 || k <= 0 || m <= 0 || k % block_size != 0) return PYLLM_ERR_SHAPE;
-    if (pyllm_vec_dot_type(type) == PYLLM_TYPE_Q8_K && k % QK_K != 0) return PYLLM_ERR_SHAPE;
+    if (pyllm_vec_dot_type(w_type) == PYLLM_TYPE_Q8_K && k % QK_K != 0) return PYLLM_ERR_SHAPE;
+    const int interleaved = x16_base_type(w_type) >= 0, type = interleaved ? x16_base_type(w_type) : w_type;
+    if (interleaved && n % X16_ROWS != 0) return PYLLM_ERR_SHAPE;
     if (n_threads <= 0) n_threads = pyllm_physical_cores();
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
 
+    /* an interleaved W: no multi-row or row kernels (its tile kernel, or vec_dot on rebuilt rows) */
     matmul_job job = {
         .kernel = pyllm_active_vec_dot(type),
-        .rows_kernel = pyllm_active_vec_dot_rows(type),
-        .rows8_kernel = pyllm_active_vec_dot_rows8(type),
-        .row_kernel = pyllm_active_vec_dot_row(type),
+        .rows_kernel = interleaved ? NULL : pyllm_active_vec_dot_rows(type),
+        .rows8_kernel = interleaved ? NULL : pyllm_active_vec_dot_rows8(type),
+        .row_kernel = interleaved ? NULL : pyllm_active_vec_dot_row(type),
         .panel_kernel = pyllm_active_panel_kernel(type),
         .wide_unpack = pyllm_active_wide_unpack(type),
         .panel_prepare = pyllm_active_panel_prepare(),
+        .tile_kernel = interleaved ? pyllm_active_x16_kernel(w_type) : NULL,
         .type = type,
+        .w_type = w_type,
         .w = w,
         .w_row_bytes = k / block_size * pyllm_type_size(type),
         .n = n, .k = k, .m = m,
@@ -186,15 +227,18 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         if ((rest - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
     }
     job.first_lone = first_group_row + (job.n_groups * VEC_DOT_MAX_ROWS < rest ? job.n_groups * VEC_DOT_MAX_ROWS : rest);
-    const int64_t n_lone = job.row_kernel != NULL ? m - job.first_lone : 0;
+    const int64_t n_lone = job.row_kernel != NULL || job.tile_kernel != NULL ? m - job.first_lone : 0;
     /* One allocation for all a call prepares, each part whole 64-byte lines (so no quants load splits one):
-     * the panels' layouts, the threads' unpacked weight rows, the groups' and the lone rows' layouts, the
-     * act_panel and act_rows headers, then the X rows in the activation format */
+     * the panels' layouts, the threads' unpacked weight rows and rebuilt interleaved rows, the groups' and the
+     * lone rows' layouts (the latter for W's own type: an interleaved Q8_0's offsets), the act_panel and
+     * act_rows headers, then the X rows in the activation format */
     const int64_t panel_bytes = job.n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
     job.wide_row_bytes = job.n_panels > 0 ? wide_row_scratch_bytes(type, k) : 0;
+    job.gathered_bytes = interleaved ? (job.w_row_bytes + 63) / 64 * 64 : 0;
     const int64_t panels_bytes = job.n_panels * panel_bytes, wide_bytes = n_threads * ROW_TILE * job.wide_row_bytes;
-    const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(type, k);
-    const int64_t layout_bytes = panels_bytes + wide_bytes + job.n_groups * group_bytes + n_lone * row_bytes;
+    const int64_t gathered_bytes = n_threads * job.gathered_bytes;
+    const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(w_type, k);
+    const int64_t layout_bytes = panels_bytes + wide_bytes + gathered_bytes + job.n_groups * group_bytes + n_lone * row_bytes;
     const int64_t header_bytes = (job.n_panels * (int64_t)sizeof(act_panel) + (job.n_groups + n_lone) * (int64_t)sizeof(act_rows)
                                   + 63) / 64 * 64;
     const size_t buffer_bytes = (size_t)(layout_bytes + header_bytes + (m * job.act_row_bytes + 63) / 64 * 64);
@@ -203,7 +247,8 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
     job.panel_scratch = buffer;
     job.panel_bytes = panel_bytes;
     job.wide = buffer + panels_bytes;
-    uint8_t *group_scratch = job.wide + wide_bytes;
+    job.gathered = job.wide + wide_bytes;
+    uint8_t *group_scratch = job.gathered + gathered_bytes;
     job.groups = (act_rows *)(buffer + layout_bytes);
     job.lone = n_lone > 0 ? job.groups + job.n_groups : NULL;
     job.panels = (act_panel *)(job.groups + job.n_groups + n_lone);
@@ -222,7 +267,7 @@ int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, 
         act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, group_scratch + gi * group_bytes);
     }
     for (int64_t i = 0; status == PYLLM_OK && i < n_lone; ++i) {
-        act_row_prepare(&job.lone[i], type, job.act + (job.first_lone + i) * job.act_row_bytes, k,
+        act_row_prepare(&job.lone[i], w_type, job.act + (job.first_lone + i) * job.act_row_bytes, k,
                         group_scratch + job.n_groups * group_bytes + i * row_bytes);
     }
     /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode

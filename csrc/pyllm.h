@@ -36,7 +36,11 @@ enum pyllm_type {
     /* Not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time
      * (pyllm_group_q5_0; quants.h), the same values, sums and bits, fewer instructions a block. */
     PYLLM_TYPE_Q5_0_G8 = 32,
-    PYLLM_TYPE_COUNT = 33
+    /* Not GGUF types: a Q4_1 / Q8_0 matrix interleaved 16 rows at a time (pyllm_interleave; quants.h), the
+     * same values and the same matmul bits, for the decode kernels that hold 16 weight rows in a vector. */
+    PYLLM_TYPE_Q4_1_X16 = 33,
+    PYLLM_TYPE_Q8_0_X16 = 34,
+    PYLLM_TYPE_COUNT = 35
 };
 
 /* SIMD tiers, ordered: a CPU that runs a tier runs every lower one. */
@@ -72,11 +76,25 @@ int pyllm_set_tier(int tier);                   /* PYLLM_ERR_TIER if the CPU lac
 const char *pyllm_tier_name(int tier);
 int pyllm_physical_cores(void);
 
-/* src: n elements of `type` (n a multiple of its block size) -> dst[n] float32 */
+/* src: n elements of `type` (n a multiple of its block size) -> dst[n] float32; PYLLM_ERR_TYPE for a type
+ * whose rows are not stored one after another (the interleaved ones: pyllm_dequantize_rows) */
 int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
 /* A Q5_0 matrix (n_rows rows of n elements) into dst in the PYLLM_TYPE_Q5_0_G8 layout (as many bytes). */
 int pyllm_group_q5_0(const void *src, void *dst, int64_t n_rows, int64_t n);
+
+/* The interleaved form (PYLLM_TYPE_*_X16) of weight `type` when the active tier has its kernels, else -1
+ * (keep the matrix as it is). */
+int pyllm_interleaved_type(int type);
+
+/* A matrix of n_rows rows (a multiple of 16) of n elements of `type` (Q4_1, Q8_0) into dst in its interleaved
+ * layout (as many bytes). */
+int pyllm_interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n);
+
+/* Rows rows[0..m) of a matrix w of n_rows rows of n elements of any matmul type (interleaved or not)
+ * -> out[m, n] float32. PYLLM_ERR_SHAPE for a row outside the matrix. */
+int pyllm_dequantize_rows(int type, const void *w, int64_t n_rows, int64_t n, const int64_t *rows, int64_t m,
+                          float *out);
 
 /* src[n] float32 -> dst: n elements of `type` (reference quantizers) */
 int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n);

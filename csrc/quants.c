@@ -480,15 +480,17 @@ static int64_t act_rows_blocks(int weight_type, int64_t n) {
     return pyllm_vec_dot_type(weight_type) == PYLLM_TYPE_Q8_K ? 0 : n / QK32;
 }
 
-/* Q5_0's kernels take the unsigned q (0..31) and each lane's share of the offset 16 apart. */
-static int has_lane_offsets(int weight_type) {
-    return weight_type == PYLLM_TYPE_Q5_0 || weight_type == PYLLM_TYPE_Q5_0_G8;
+/* Q5_0's kernels take the unsigned q (0..31) and each lane's share of the offset 16 apart, the interleaved
+ * Q8_0's q + 128 and the share of 128: the offset, or 0 for weights without one. */
+static int lane_offset(int weight_type) {
+    if (weight_type == PYLLM_TYPE_Q5_0 || weight_type == PYLLM_TYPE_Q5_0_G8) return 16;
+    return weight_type == PYLLM_TYPE_Q8_0_X16 ? 128 : 0;
 }
 
 /* Scratch for a layout of `slots` rows a block (VEC_DOT_MAX_ROWS for a group, 1 for a lone row). */
 static int64_t layout_scratch_bytes(int weight_type, int64_t n, int slots) {
     const int64_t nb = act_rows_blocks(weight_type, n) * slots;
-    const int64_t offset_ints = has_lane_offsets(weight_type) ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
+    const int64_t offset_ints = lane_offset(weight_type) ? nb * 8 : weight_type == PYLLM_TYPE_Q4_0 ? nb : 0;
     const int64_t bytes = nb * QK32 + nb * 2 * (int64_t)sizeof(float) + offset_ints * (int64_t)sizeof(int32_t);
     return bytes > 0 ? (bytes + 63) / 64 * 64 : 64;  /* at least a line, so a group's scratch always exists */
 }
@@ -508,7 +510,8 @@ static void prepare_layout(act_rows *group, int weight_type, const void *const *
     group->quants = nb ? quants : NULL;
     group->scale = nb ? scale : NULL;
     group->sum = act_type == PYLLM_TYPE_Q8_1 ? sum : NULL;
-    group->offsets = has_lane_offsets(weight_type) ? offsets : NULL;
+    const int offset = lane_offset(weight_type);
+    group->offsets = offset ? offsets : NULL;
     group->block_offsets = weight_type == PYLLM_TYPE_Q4_0 ? offsets : NULL;
     for (int r = 0; r < VEC_DOT_MAX_ROWS; ++r) group->rows[r] = rows[r < n_rows ? r : 0];
     for (int r = 0; r < slots; ++r) {
@@ -535,7 +538,7 @@ static void prepare_layout(act_rows *group, int weight_type, const void *const *
             }
             if (group->offsets != NULL) {
                 for (int l = 0; l < 8; ++l) {
-                    offsets[at * 8 + l] = -16 * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
+                    offsets[at * 8 + l] = -offset * (qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
                 }
             }
         }

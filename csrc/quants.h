@@ -102,6 +102,18 @@ static inline block_q5_0 q5_0_g8_block(const void *row, int64_t nb, int64_t b) {
     return out;
 }
 
+/* PYLLM_TYPE_Q4_1_X16 / PYLLM_TYPE_Q8_0_X16: a matrix of Q4_1 / Q8_0 rows, 16 rows a tile (the row count a
+ * multiple of 16), tile t's block b at index t * n_blocks + b: the 16 rows' block b with their scales side by
+ * side and their quants interleaved 4 bytes at a time, so that one 64-byte load holds the same 4 elements
+ * (a lane of the reduction order) of all 16 rows. The same bytes as the plain matrix, moved. */
+#define X16_ROWS 16
+typedef struct {
+    fp16_t d[X16_ROWS];
+    fp16_t m[X16_ROWS];
+    uint8_t qs[4][X16_ROWS][4];  /* [c][r][j]: row r's qs[4c + j] (elements 4c + j low, 16 + 4c + j high) */
+} tile_q4_1;
+static_assert(sizeof(tile_q4_1) == X16_ROWS * sizeof(block_q4_1), "tile_q4_1 size");
+
 /* 6 bits/weight: x = d * q + m */
 typedef struct {
     fp16_t d;
@@ -117,6 +129,18 @@ typedef struct {
     int8_t qs[QK32];
 } block_q8_0;
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+
+typedef struct {
+    fp16_t d[X16_ROWS];
+    uint8_t qs[8][X16_ROWS][4];  /* [l][r][j]: row r's element 4l + j plus 128 (0..255: the unsigned operand) */
+} tile_q8_0;
+static_assert(sizeof(tile_q8_0) == X16_ROWS * sizeof(block_q8_0), "tile_q8_0 size");
+
+/* The plain type of an interleaved one (PYLLM_TYPE_Q4_1 for PYLLM_TYPE_Q4_1_X16, ...), or -1. */
+int x16_base_type(int type);
+
+/* Row `row` of an interleaved matrix w of n-element rows, as the plain blocks it was, into dst. */
+void x16_gather_row(int type, const void *w, int64_t row, int64_t n, void *dst);
 
 /* Activation format of Q4_1 / Q5_1: q8_0 plus s = d * sum(qs), rounded to half precision
  * from the unrounded d (what the minimum term of those formats multiplies). */
@@ -227,7 +251,7 @@ typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *act);
  * and their scales as floats, block-major: scale[b * VEC_DOT_MAX_ROWS + r] is row r's d in block b, sum[...]
  * its s (q8_1 only); for Q5_0 weights, offsets[(b * VEC_DOT_MAX_ROWS + r) * 8 + l] = -16 * the sum of row
  * r's quants 4l..4l+3 in block b (what the weights' offset of 16 contributes to lane l, negated: the start
- * of that lane's sum of products); for Q4_0 weights,
+ * of that lane's sum of products), and -128 * that sum for Q8_0_X16 weights (stored plus 128); for Q4_0 weights,
  * block_offsets[b * VEC_DOT_MAX_ROWS + r] = 8 * the sum of row r's quants in block b. Rows from n_rows on
  * repeat row 0's blocks (with scale and sum 0; act_rows_prepare), and their results are dropped. */
 #define VEC_DOT_MAX_ROWS 4
@@ -264,6 +288,15 @@ void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n,
 
 /* vec_dot(n, w, row->rows[0]), bit for bit (for scales that are not NaN), from a row act_row_prepare laid out. */
 typedef float (*vec_dot_row_fn)(int64_t n, const void *w, const act_rows *row);
+
+/* One tile of an interleaved matrix (16 weight rows) against one or two activation rows, each laid out by
+ * act_row_prepare for the interleaved type: out[r * stride + i] = vec_dot(n, weight row i, rows[r]) for i < 16
+ * and r < n_rows, bit for bit (for scales that are not NaN). Block step b also prefetches a block's bytes at
+ * prefetch + b * (the tile block's bytes): the caller points a pass that reads the tile from memory a few blocks
+ * ahead of it, a later pass (the tile in cache) at the next tile. */
+typedef void (*x16_kernel_fn)(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
+                              int64_t stride, const uint8_t *prefetch);
+extern const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT];  /* NULL off x86-64 */
 
 /* Per-tier vec_dot tables, indexed by weight type; NULL where the tier has no
  * kernel of its own (the dispatcher then looks further down the tier's list: dispatch.c). */

@@ -23,6 +23,8 @@ SOURCES = [
     "vec_dot_avx512.c",
     "panel.c",
     "panel_avx512_vnni.c",
+    "interleave.c",
+    "interleave_avx512_vnni.c",
     "dispatch.c",
     "scratch.c",
     "threadpool.c",

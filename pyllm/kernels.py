@@ -41,6 +41,9 @@ class GGMLType(IntEnum):
     Q4_0_LANES = 31
     # not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time (group_q5_0)
     Q5_0_G8 = 32
+    # not GGUF types: a Q4_1 / Q8_0 matrix interleaved 16 rows at a time (interleave)
+    Q4_1_X16 = 33
+    Q8_0_X16 = 34
 
 
 TIERS = ("generic", "avx2", "avx512", "avx512_vnni")
@@ -155,6 +158,30 @@ def group_q5_0(data: np.ndarray) -> np.ndarray:
     return out
 
 
+def interleaved_type(type_id: int) -> GGMLType | None:
+    """The interleaved form of a weight type when this CPU's active tier has its decode kernels, else None."""
+    interleaved = lib.pyllm_interleaved_type(int(type_id))
+    return GGMLType(interleaved) if interleaved >= 0 else None
+
+
+def interleave(data: np.ndarray, type_id: int) -> np.ndarray:
+    """A Q4_1 / Q8_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, as a new 64-byte-aligned array in its
+    interleaved layout (the type interleaved_type names): 16 rows a tile, their quants side by side 4 bytes at
+    a time, the same values and the same matmul bits, for kernels that hold 16 weight rows in a vector."""
+    raw = _as_bytes(data)
+    _, type_size = _traits(type_id)
+    if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size or raw.shape[0] % 16:
+        raise KernelError(f"an interleaved matrix is (16 k, row_bytes) whole blocks of {type_size} bytes; "
+                          f"got {raw.shape}")
+    buffer = np.empty(raw.size + 64, dtype=np.uint8)
+    start = -buffer.ctypes.data % 64
+    out = buffer[start:start + raw.size].reshape(raw.shape)
+    n = raw.shape[1] // type_size * 32
+    _check(lib.pyllm_interleave(int(type_id), ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n),
+           f"interleave {type_name(type_id)}")
+    return out
+
+
 def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
     """float32 values (rows along the last axis) -> uint8 blocks of `type_id`."""
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -259,6 +286,14 @@ class WeightMatrix:
         if x.shape[0] and self.n_out:
             _check(lib.pyllm_matmul(self.type, self.ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
                                     x.shape[0], ffi.from_buffer("float[]", out), n_threads or 0), self._what)
+        return out
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` (int, (m,)) of W as float32 (m, n_in), whatever its layout (an embedding lookup)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.empty((len(ids), self.n_in), dtype=np.float32)
+        _check(lib.pyllm_dequantize_rows(self.type, self.ptr, self.n_out, self.n_in, ffi.from_buffer("int64_t[]", ids),
+                                         len(ids), ffi.from_buffer("float[]", out)), f"rows of {type_name(self.type)}")
         return out
 
 

@@ -94,14 +94,20 @@ class Weights:
 
     def tensor(self, name: str, matmul: bool = True) -> Tensor:
         """A matrix. llama.cpp interleaves a Q4_0 matrix whose row count is a multiple of 8 (and reduces it in
-        that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES). A Q5_0
-        matrix the matmuls read (`matmul`) is regrouped into a copy (Q5_0_G8: the same bits, faster kernels)
-        and its pages in the mapping released."""
+        that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES). A matrix
+        the matmuls read (`matmul`) is rebuilt, where it gains, into a copy in a faster layout with the same
+        bits, and its pages in the mapping released: Q4_1 and Q8_0 interleaved 16 rows at a time where the
+        CPU has those kernels (the decode steps' matmuls), Q5_0 regrouped (Q5_0_G8). The embedding reads its
+        rows from the matrix (Tensor.matrix.rows), whichever layout it has."""
         info = self._info(name)
         raw = self._f.raw(name)
         matmul_type, matrix = info.type, raw
+        interleaved = kernels.interleaved_type(info.type) if matmul and raw.shape[0] % 16 == 0 else None
         if info.type == kernels.GGMLType.Q4_0 and raw.shape[0] % 8:
             matmul_type = kernels.GGMLType.Q4_0_LANES
+        elif interleaved is not None:
+            matmul_type, matrix = interleaved, kernels.interleave(raw, info.type)
+            self._f.release(name)
         elif info.type == kernels.GGMLType.Q5_0 and matmul:
             matmul_type, matrix = kernels.GGMLType.Q5_0_G8, kernels.group_q5_0(raw)
             self._f.release(name)
@@ -185,8 +191,7 @@ class Model:
         return w.matrix(x, self.n_threads)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        emb = self.weights.token_embd
-        x = kernels.dequantize(emb.data[tokens], emb.type)
+        x = self.weights.token_embd.matrix.rows(tokens)
         if self.config.family.embed_scale:
             x *= np.float32(np.sqrt(self.config.n_embd))
         return x

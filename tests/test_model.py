@@ -345,6 +345,33 @@ def test_c_blocks_equal_the_step_by_step_reference(tmp_path: Path, arch: str, we
             np.testing.assert_array_equal(gl.positions, wl.positions)
 
 
+@pytest.mark.parametrize(("arch", "weight_type"), [("llama", Q.Q4_1), ("gemma3", Q.Q8_0)],
+                         ids=["llama-Q4_1", "gemma3-Q8_0"])
+def test_q4_1_and_q8_0_matrices_are_read_interleaved(tmp_path: Path, arch: str, weight_type: Q) -> None:
+    """Where the CPU has the tile kernels, the matmuls read a Q4_1 / Q8_0 matrix from its interleaved copy, and
+    the embedding its rows from there when the output matrix is the (Q8_0) token_embd (gemma3's is tied); the
+    tensors' own bytes stay the file's."""
+    interleaved = kernels.interleaved_type(int(weight_type))
+    if interleaved is None:
+        pytest.skip(f"the {kernels.active_tier()} tier has no tile kernels")
+    path = tmp_path / "m.gguf"
+    write_fixture_model(path, arch, weight_type)
+    with GGUFFile(path) as f:
+        weights = Model(f, n_threads=1).weights
+        for name, tensor in (("blk.0.attn_q.weight", weights.layers[0].wq),
+                             ("blk.1.ffn_down.weight", weights.layers[1].w_down)):
+            raw = f.raw(name)
+            assert tensor.matrix.type == interleaved
+            np.testing.assert_array_equal(tensor.data, raw)
+            np.testing.assert_array_equal(tensor.matrix.data, kernels.interleave(raw, int(weight_type)))
+        tied = arch == "gemma3"
+        assert (weights.output is weights.token_embd) == tied
+        assert weights.token_embd.matrix.type == (kernels.GGMLType.Q8_0_X16 if tied else kernels.GGMLType.Q8_0)
+        tokens = np.array([5, 0, 95, 5])
+        np.testing.assert_array_equal(weights.token_embd.matrix.rows(tokens),
+                                      kernels.dequantize(f.raw("token_embd.weight")[tokens], kernels.GGMLType.Q8_0))
+
+
 def test_q5_0_matrices_are_read_regrouped(tmp_path: Path) -> None:
     """The matmuls read a Q5_0 matrix from its regrouped copy (Q5_0_G8); the tensor's own bytes stay the file's."""
     path = tmp_path / "m.gguf"

@@ -431,6 +431,96 @@ static void test_grouped_q5_0_is_q5_0(void) {
     }
 }
 
+/* Interleaved matrices (Q4_1_X16, Q8_0_X16) are their plain matrices: each row gathered back is the plain row's
+ * bytes, rows dequantize to the same values, the tile kernels (where the CPU runs them) give generic vec_dot's
+ * bits for one and two activation rows, and matmul gives the plain type's bits for every M (panels, tile passes,
+ * an odd last row) and thread count, on every tier (below avx512_vnni: rebuilt rows through vec_dot). 1..20
+ * blocks a row, every kind of weight bytes, two tiles. */
+static void test_interleaved_is_plain(void) {
+    enum { N_OUT = 2 * X16_ROWS, M_MAX = 20 };
+    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0}, interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16};
+    const int64_t ms[] = {1, 2, 3, 4, 5, 17, M_MAX};
+    const int tier = pyllm_active_tier();
+    int kernel_checked = 0, kernel_bad = 0;
+    for (int ti = 0; ti < 2; ++ti) {
+        const int base = bases[ti], type = interleaved[ti];
+        const x16_kernel_fn kernel = pyllm_cpu_best_tier() >= PYLLM_TIER_AVX512_VNNI ? x16_kernel_table_avx512_vnni[type] : NULL;
+        for (int blocks = 1; blocks <= 20; ++blocks) {
+            const int mode = blocks % FILL_MODES;
+            const int64_t n = QK32 * blocks, row_bytes = blocks * pyllm_type_size(base);
+            const int64_t act_bytes = pyllm_activation_row_bytes(base, n), prepared_bytes = act_row_scratch_bytes(type, n);
+            uint8_t *plain = malloc((size_t)(N_OUT * row_bytes)), *tiles = malloc((size_t)(N_OUT * row_bytes));
+            uint8_t *row = malloc((size_t)row_bytes), *act = malloc((size_t)(2 * act_bytes));
+            uint8_t *prepared = aligned_alloc(64, (size_t)(2 * prepared_bytes));
+            float *x = malloc((size_t)(M_MAX * n) * sizeof(float)), *y_plain = malloc(M_MAX * N_OUT * sizeof(float));
+            float *y_tiles = malloc(M_MAX * N_OUT * sizeof(float));
+            float *f_plain = malloc((size_t)n * sizeof(float)), *f_rows = malloc((size_t)(N_OUT * n) * sizeof(float));
+            random_weights(base, plain, N_OUT, n, mode);
+            CHECK(pyllm_interleave(base, plain, tiles, N_OUT, n) == PYLLM_OK, "interleave");
+            int64_t all_rows[N_OUT];
+            for (int r = 0; r < N_OUT; ++r) all_rows[r] = N_OUT - 1 - r;
+            CHECK(pyllm_dequantize_rows(type, tiles, N_OUT, n, all_rows, N_OUT, f_rows) == PYLLM_OK, "rows");
+            for (int r = 0; r < N_OUT; ++r) {
+                x16_gather_row(type, tiles, r, n, row);
+                CHECK(memcmp(row, plain + r * row_bytes, (size_t)row_bytes) == 0, "%s blocks=%d row %d: gathered bytes differ",
+                      pyllm_type_name(type), blocks, r);
+                pyllm_dequantize_row(base, plain + (N_OUT - 1 - r) * row_bytes, f_plain, n);
+                CHECK(memcmp(f_plain, f_rows + r * n, (size_t)n * sizeof(float)) == 0, "%s blocks=%d row %d: values differ",
+                      pyllm_type_name(type), blocks, r);
+            }
+            for (int64_t i = 0; i < M_MAX * n; ++i) x[i] = (blocks % 7 == 6 && i < n) ? 0.0f : rng_float(-1, 1);
+            for (int n_rows = 1; kernel != NULL && n_rows <= 2; ++n_rows) {
+                act_rows rows[2];
+                for (int r = 0; r < n_rows; ++r) {
+                    pyllm_quantize_activations(base, x + r * n, act + r * act_bytes, n);
+                    act_row_prepare(&rows[r], type, act + r * act_bytes, n, prepared + r * prepared_bytes);
+                }
+                for (int t = 0; t < N_OUT / X16_ROWS; ++t) {
+                    float out[2][X16_ROWS];
+                    kernel(n, tiles + t * X16_ROWS * row_bytes, rows, n_rows, out[0], X16_ROWS, tiles);
+                    for (int r = 0; r < n_rows; ++r) {
+                        for (int i = 0; i < X16_ROWS; ++i) {
+                            const float want = vec_dot_table_generic[base](n, plain + (t * X16_ROWS + i) * row_bytes,
+                                                                           act + r * act_bytes);
+                            kernel_bad += memcmp(&want, &out[r][i], sizeof(float)) != 0;
+                            ++kernel_checked;
+                        }
+                    }
+                }
+            }
+            for (int t = 0; t <= pyllm_cpu_best_tier(); t += pyllm_cpu_best_tier() > 0 ? pyllm_cpu_best_tier() : 1) {
+                pyllm_set_tier(t);  /* the reference path, and the best tier's */
+                for (int mi = 0; mi < (int)(sizeof(ms) / sizeof(ms[0])); ++mi) {
+                    for (int threads = 1; threads <= 3; threads += 2) {
+                        const int64_t m = ms[mi];
+                        CHECK(pyllm_matmul(base, plain, N_OUT, n, x, m, y_plain, threads) == PYLLM_OK &&
+                              pyllm_matmul(type, tiles, N_OUT, n, x, m, y_tiles, threads) == PYLLM_OK &&
+                              memcmp(y_plain, y_tiles, (size_t)(m * N_OUT) * sizeof(float)) == 0,
+                              "%s blocks=%d m=%lld threads=%d tier %s: matmul differs from %s's", pyllm_type_name(type),
+                              blocks, (long long)m, threads, pyllm_tier_name(t), pyllm_type_name(base));
+                    }
+                }
+            }
+            pyllm_set_tier(tier);
+            free(plain); free(tiles); free(row); free(act); free(prepared); free(x); free(y_plain); free(y_tiles);
+            free(f_plain); free(f_rows);
+        }
+    }
+    if (pyllm_cpu_best_tier() >= PYLLM_TIER_AVX512_VNNI) {
+        CHECK(kernel_checked > 0 && kernel_bad == 0, "tile kernels: %d of %d outputs differ from generic vec_dot",
+              kernel_bad, kernel_checked);
+    }
+    uint8_t blocks[X16_ROWS * sizeof(block_q8_0)] = {0}, out[sizeof blocks];
+    float y[X16_ROWS], x1[QK32] = {0};
+    const int64_t outside[1] = {X16_ROWS};
+    CHECK(pyllm_interleave(PYLLM_TYPE_Q4_0, blocks, out, X16_ROWS, QK32) == PYLLM_ERR_TYPE, "interleave: Q4_0");
+    CHECK(pyllm_interleave(PYLLM_TYPE_Q8_0, blocks, out, X16_ROWS - 1, QK32) == PYLLM_ERR_SHAPE, "interleave: 15 rows");
+    CHECK(pyllm_matmul(PYLLM_TYPE_Q8_0_X16, out, X16_ROWS - 8, QK32, x1, 1, y, 1) == PYLLM_ERR_SHAPE, "matmul: 8 rows");
+    CHECK(pyllm_dequantize_row(PYLLM_TYPE_Q8_0_X16, out, y, QK32) == PYLLM_ERR_TYPE, "dequantize_row: interleaved");
+    CHECK(pyllm_dequantize_rows(PYLLM_TYPE_Q8_0_X16, out, X16_ROWS, QK32, outside, 1, y) == PYLLM_ERR_SHAPE,
+          "dequantize_rows: row 16 of 16");
+}
+
 /* Top-k against picking the best remaining entry k times (value descending, ties by id), on rows below and
  * above the size where the slice-maxima floor starts, random, ascending and with many ties. */
 static void test_top_k(void) {
@@ -864,6 +954,7 @@ int main(void) {
     test_rows_kernels_agree();
     test_row_kernels_agree();
     test_grouped_q5_0_is_q5_0();
+    test_interleaved_is_plain();
     test_top_k();
     test_string_index();
     test_scratch();

@@ -1,0 +1,134 @@
+/*
+ * interleave_avx512_vnni.c - the tile kernels of the interleaved matrices (quants.h: x16_kernel_fn) on
+ * AVX-512 VNNI: 16 weight rows in the 16 lanes of a vector against one or two activation rows.
+ *
+ * The multi-row kernels of vec_dot_avx2.inc hold one output's 8 lane sums in a vector and pay a dot, a
+ * permute, a conversion and an FMA per row and block; the single-row ones also unpack every block for one
+ * row. Here lane r of every vector is weight row r: one vpdpbusd takes the same 4 elements of 16 rows
+ * (unsigned: Q4_1's nibbles, Q8_0's q + 128) against an activation's 4 bytes broadcast, so a block's 8 lane
+ * sums for 16 outputs are 8 dots, 8 conversions and 8 FMAs, and the unpacking is shared by the rows. Each
+ * output follows vec_dot_generic.c's float steps exactly: lane l of the reference is accumulator l here, its
+ * scale d_w * d_a is the same product, and the closing tree is the same adds between accumulators. Q8_0's
+ * offset of 128 comes back out exactly: each lane's sum starts from -128 * its 4 activations (act_rows
+ * offsets).
+ *
+ * Built without global -m flags: the kernels get their target by pragma and run only where dispatch.c has
+ * seen the CPU features.
+ */
+#include "quants.h"
+
+#include <stddef.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")
+#endif
+
+#define KERNEL_INLINE static inline __attribute__((always_inline))
+
+enum { FMT_Q4_1, FMT_Q8_0 };
+
+KERNEL_INLINE size_t tile_block_bytes(int fmt) { return fmt == FMT_Q4_1 ? sizeof(tile_q4_1) : sizeof(tile_q8_0); }
+
+/* Lane l's 4 activations of block b of a prepared row, in every lane. */
+KERNEL_INLINE __m512i act_lane(const act_rows *row, int64_t b, int l) {
+    int32_t v;
+    memcpy(&v, row->quants + QK32 * b + 4 * l, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* acc (16 outputs' lane l) = fma(scale, the lane's exact sums, acc): q the 16 rows' unsigned quants of the
+ * lane, each lane's sum started from start (zero, or Q8_0's offset share). */
+KERNEL_INLINE __m512 lane_step(__m512 acc, __m512 scale, __m512i start, __m512i q, __m512i a) {
+    return _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, q, a)), acc);
+}
+
+/* The body of every tile kernel: n_rows (1 or 2) activation rows, fmt's blocks. */
+KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
+                             const uint8_t *prefetch, const int n_rows, const int fmt) {
+    const size_t block_bytes = tile_block_bytes(fmt);
+    __m512 acc[2][8], mins[2];
+#pragma GCC unroll 2
+    for (int r = 0; r < n_rows; ++r) {
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; ++l) acc[r][l] = _mm512_setzero_ps();
+        mins[r] = _mm512_setzero_ps();
+    }
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n / QK32; ++b) {
+        const uint8_t *block = tile + b * block_bytes;
+#pragma GCC unroll 9
+        for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch((const char *)prefetch + b * block_bytes + line, _MM_HINT_T0);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        __m512 scale[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < n_rows; ++r) scale[r] = _mm512_mul_ps(d, _mm512_set1_ps(rows[r].scale[b]));
+        if (fmt == FMT_Q4_1) {
+            const tile_q4_1 *x = (const tile_q4_1 *)block;
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x->m));
+#pragma GCC unroll 2
+            for (int r = 0; r < n_rows; ++r) mins[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(rows[r].sum[b]), mins[r]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {  /* lanes c (low nibbles) and c + 4 (high) */
+                const __m512i q = _mm512_loadu_si512(x->qs[c]);
+                const __m512i low = _mm512_and_si512(q, nibble), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+#pragma GCC unroll 2
+                for (int r = 0; r < n_rows; ++r) {
+                    acc[r][c] = lane_step(acc[r][c], scale[r], _mm512_setzero_si512(), low, act_lane(&rows[r], b, c));
+                    acc[r][c + 4] = lane_step(acc[r][c + 4], scale[r], _mm512_setzero_si512(), high, act_lane(&rows[r], b, c + 4));
+                }
+            }
+        } else {
+            const tile_q8_0 *x = (const tile_q8_0 *)block;
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l) {
+                const __m512i q = _mm512_loadu_si512(x->qs[l]);
+#pragma GCC unroll 2
+                for (int r = 0; r < n_rows; ++r) {
+                    const __m512i start = _mm512_set1_epi32(rows[r].offsets[8 * b + l]);
+                    acc[r][l] = lane_step(acc[r][l], scale[r], start, q, act_lane(&rows[r], b, l));
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < n_rows; ++r) {  /* reduce_lanes8, between accumulators */
+        __m512 a4[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) a4[i] = _mm512_add_ps(acc[r][i], acc[r][i + 4]);
+        const __m512 total = _mm512_add_ps(_mm512_add_ps(a4[0], a4[2]), _mm512_add_ps(a4[1], a4[3]));
+        _mm512_storeu_ps(out + r * stride, fmt == FMT_Q4_1 ? _mm512_add_ps(total, mins[r]) : total);
+    }
+}
+
+#define TILE_KERNEL(name, fmt)                                                                                  \
+    static void name(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out, int64_t stride, \
+                     const uint8_t *prefetch) {                                                                 \
+        if (n_rows == 2) tile_rows(n, tile, rows, out, stride, prefetch, 2, fmt);                               \
+        else tile_rows(n, tile, rows, out, stride, prefetch, 1, fmt);                                           \
+    }
+
+TILE_KERNEL(tile_q4_1_kernel, FMT_Q4_1)
+TILE_KERNEL(tile_q8_0_kernel, FMT_Q8_0)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q4_1_X16] = tile_q4_1_kernel, [PYLLM_TYPE_Q8_0_X16] = tile_q8_0_kernel,
+};
+
+#else /* not x86-64 with GCC or clang: no tile kernels */
+
+const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {0};
+
+#endif
