@@ -13,7 +13,9 @@ request gets a 4xx with an OpenAI-style JSON error naming the field:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal, TypeVar
@@ -26,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import EngineClosedError, QueueFullError
 from .llama import CompletionStream, Llama
+from .metrics import Metrics
 from .model import ContextFullError
 from .sampling import SamplingError, SamplingParams
 
@@ -128,24 +131,48 @@ async def parse(request: Request, model: type[_Body]) -> _Body:
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param) from exc
 
 
+class _Gate:
+    """ASGI middleware: the API key check (every path but /health) and the count of answers by status. Plain
+    ASGI, not an @app.middleware function: Starlette runs those through a task and a stream of their own that
+    every chunk of a streamed answer then crosses, which cost the event loop more than the answer itself."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+        self.authorization = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.authorization is not None and scope["path"] != "/health":
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if given != self.authorization:
+                response = JSONResponse(_error_body("Invalid or missing API key: send 'Authorization: Bearer KEY'",
+                                                    "invalid_request_error", None, "invalid_api_key"),
+                                        status_code=401)
+                self.metrics.http_requests.inc(label="401")
+                await response(scope, receive, send)
+                return
+        status = 500  # what the client gets if the app fails before answering
+
+        async def counting_send(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.http_requests.inc(label=str(status))
+
+
 def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> FastAPI:
     """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name`."""
     app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = llm.engine.metrics
     started = int(time.time())
-
-    @app.middleware("http")
-    async def authenticate_and_count(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                response = JSONResponse(_error_body("Invalid or missing API key: send 'Authorization: Bearer KEY'",
-                                                    "invalid_request_error", None, "invalid_api_key"),
-                                        status_code=401)
-                metrics.http_requests.inc(label="401")
-                return response
-        response = await call_next(request)
-        metrics.http_requests.inc(label=str(response.status_code))
-        return response
+    app.add_middleware(_Gate, api_key=api_key, metrics=metrics)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -288,22 +315,38 @@ class _EventStream(StreamingResponse):
 
 
 async def _sse(stream: CompletionStream, include_usage: bool, n_prompt: int) -> AsyncIterator[str]:
-    """The events of a streamed completion: a chunk each, the usage chunk if asked, [DONE]."""
-    last: dict[str, Any] | None = None
-    while True:
+    """The events of a streamed completion: a chunk each, the usage chunk if asked, [DONE].
+
+    A thread of the stream's own iterates it (waiting on the engine) and hands each event, formatted, to the
+    event loop: one wake-up of the loop a token, where a worker-thread call per token cost several."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+
+    def hand_over(item: object) -> None:
         try:
-            chunk = await run_in_threadpool(next, stream, _END)
+            loop.call_soon_threadsafe(events.put_nowait, item)
+        except RuntimeError:  # the loop has closed (the server stopped): nobody is reading
+            stream.cancel()
+
+    def relay() -> None:
+        last: dict[str, Any] | None = None
+        try:
+            for chunk in stream:
+                last = chunk
+                hand_over("data: " + json.dumps(chunk) + "\n\n")
         except Exception as exc:  # noqa: BLE001 - reported in the stream; the status line is already sent
-            yield "data: " + json.dumps(_error_body(str(exc), "server_error", None, None)) + "\n\n"
+            hand_over("data: " + json.dumps(_error_body(str(exc), "server_error", None, None)) + "\n\n")
+            hand_over(_END)
             return
-        if chunk is _END:
-            break
-        last = chunk
-        yield "data: " + json.dumps(chunk) + "\n\n"
-    if include_usage and last is not None:
-        request = stream.request
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
-                 "total_tokens": n_prompt + request.n_generated,
-                 "prompt_tokens_details": {"cached_tokens": request.n_cached}}
-        yield "data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n"
-    yield "data: [DONE]\n\n"
+        if include_usage and last is not None:
+            request = stream.request
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
+                     "total_tokens": n_prompt + request.n_generated,
+                     "prompt_tokens_details": {"cached_tokens": request.n_cached}}
+            hand_over("data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n")
+        hand_over("data: [DONE]\n\n")
+        hand_over(_END)
+
+    threading.Thread(target=relay, name="pyllm-sse", daemon=True).start()
+    while (event := await events.get()) is not _END:
+        yield event
