@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 
+#include "matmul.h"
 #include "pyllm.h"
 #include "scratch.h"
 #include "threadpool.h"
@@ -109,6 +110,22 @@ static int matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, in
     return pyllm_matmul(w->type, w->data, w->n_out, w->n_in, x, m, y, n_threads);
 }
 
+/* Two or three weights on one input (q, k, v; gate, up): in one call where they share a type (the input
+ * converted and laid out once), one by one otherwise. */
+static int matmul_shared(const pyllm_weight *const *w, float *const *y, int count, const float *x, int64_t m,
+                         int n_threads) {
+    int same = 1;
+    for (int i = 1; i < count; ++i) same &= w[i]->type == w[0]->type;
+    if (!same) {
+        int status = PYLLM_OK;
+        for (int i = 0; i < count && status == PYLLM_OK; ++i) status = matmul(w[i], x, m, y[i], n_threads);
+        return status;
+    }
+    pyllm_matrix matrices[3];
+    for (int i = 0; i < count; ++i) matrices[i] = (pyllm_matrix){w[i]->data, w[i]->n_out, y[i]};
+    return pyllm_matmul_many(w[0]->type, matrices, count, w[0]->n_in, x, m, n_threads);
+}
+
 static void add_rows(float *x, const float *bias, int64_t m, int64_t n) {
     for (int64_t r = 0; r < m; ++r) {
         for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
@@ -124,9 +141,9 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
                            int n_threads) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
     int status = rms_norm_rows(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
-    if (status == PYLLM_OK) status = matmul(&b->wq, s->h, m, s->q, n_threads);
-    if (status == PYLLM_OK) status = matmul(&b->wk, s->h, m, s->k, n_threads);
-    if (status == PYLLM_OK) status = matmul(&b->wv, s->h, m, s->v, n_threads);
+    const pyllm_weight *qkv[3] = {&b->wq, &b->wk, &b->wv};
+    float *qkv_out[3] = {s->q, s->k, s->v};
+    if (status == PYLLM_OK) status = matmul_shared(qkv, qkv_out, 3, s->h, m, n_threads);
     if (status != PYLLM_OK) return status;
     if (b->bq) add_rows(s->q, b->bq, m, q_row);
     if (b->bk) add_rows(s->k, b->bk, m, kv_row);
@@ -177,8 +194,9 @@ static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_
     for (int64_t r0 = 0; r0 < m && status == PYLLM_OK; r0 += FFN_CHUNK_ROWS) {
         const int64_t rows = m - r0 < FFN_CHUNK_ROWS ? m - r0 : FFN_CHUNK_ROWS;
         float *h = s->h + r0 * cfg->n_embd;  /* these rows' input, then (once gate and up have read it) output */
-        status = matmul(&b->w_gate, h, rows, s->gate, n_threads);
-        if (status == PYLLM_OK) status = matmul(&b->w_up, h, rows, s->up, n_threads);
+        const pyllm_weight *gate_up[2] = {&b->w_gate, &b->w_up};
+        float *gate_up_out[2] = {s->gate, s->up};
+        status = matmul_shared(gate_up, gate_up_out, 2, h, rows, n_threads);
         if (status == PYLLM_OK) {  /* in place: elementwise */
             status = run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = rows,
                                          .width = cfg->n_ff, .a = s->gate, .b = s->up, .y = s->gate}, n_threads);

@@ -7,6 +7,10 @@
  * row with kernels that all give the same bits: an output element depends only
  * on its weight row and its X row, never on how work was split or on M.
  *
+ * pyllm_matmul_many multiplies X by several weights of one type and row length
+ * at once (a layer's q, k and v, its gate and up): X is converted and laid
+ * out once, and the weights' rows go out together, as one W's would.
+ *
  * X rows go, in this order, to panels of PANEL_ROWS (where the tier has panel
  * kernels: panel.h), to groups of VEC_DOT_MAX_ROWS for the multi-row kernels,
  * and one at a time to the row kernel or vec_dot. An interleaved W (quants.h:
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 
 #include "dispatch.h"
+#include "matmul.h"
 #include "scratch.h"
 #include "threadpool.h"
 
@@ -40,15 +45,17 @@ typedef struct {
     wide_unpack_fn wide_unpack;
     panel_prepare_fn panel_prepare;
     x16_kernel_fn tile_kernel;    /* an interleaved W's, where the tier has one; NULL otherwise */
-    int type;              /* W's plain type: its activation format, its vec_dot, its panels */
-    int w_type;            /* W's own: type, or its interleaved form */
-    const uint8_t *w;      /* (n, w_row_bytes) */
+    int type;              /* the weights' plain type: its activation format, its vec_dot, its panels */
+    int w_type;            /* their own: type, or its interleaved form */
+    const pyllm_matrix *weights;  /* each (n, w_row_bytes), its output (m, n) */
+    int n_weights;
+    const int64_t *first;  /* weight i's rows are rows first[i].. of those handed out (each from a whole tile) */
+    int64_t n_handed;      /* the rows handed out: every weight's, each rounded up to whole tiles */
     int64_t w_row_bytes;
-    int64_t n, k, m;
+    int64_t k, m;
     const float *x;        /* (m, k) */
     uint8_t *act;          /* (m, act_row_bytes), in the call's one buffer */
     int64_t act_row_bytes;
-    float *y;              /* (m, n) */
     act_panel *panels;     /* X rows 0..n_panels * PANEL_ROWS - 1, PANEL_ROWS a panel */
     int64_t n_panels;
     uint8_t *panel_scratch; /* (n_panels, panel_bytes): their layouts */
@@ -80,19 +87,20 @@ static void quantize_task(void *arg, int ith, int nth) {
     }
 }
 
-/* Weight row c in W's plain format: in place, or an interleaved W's rebuilt in gathered (the thread's). */
-static const uint8_t *weight_row(const matmul_job *job, int64_t c, uint8_t *gathered) {
-    if (job->w_type == job->type) return job->w + c * job->w_row_bytes;
-    x16_gather_row(job->w_type, job->w, c, job->k, gathered);
+/* Row c of W in its plain format: in place, or an interleaved W's rebuilt in gathered (the thread's). */
+static const uint8_t *weight_row(const matmul_job *job, const pyllm_matrix *w, int64_t c, uint8_t *gathered) {
+    if (job->w_type == job->type) return (const uint8_t *)w->data + c * job->w_row_bytes;
+    x16_gather_row(job->w_type, w->data, c, job->k, gathered);
     return gathered;
 }
 
-/* Output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once
+/* W's output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once
  * into wide (the thread's), then each panel against them two at a time (an odd last one paired with itself). */
-static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, uint8_t *wide, uint8_t *gathered) {
+static void dot_panels(const matmul_job *job, const pyllm_matrix *w, int64_t tile, int64_t tile_end, uint8_t *wide,
+                       uint8_t *gathered) {
     wide_row rows[ROW_TILE];
     for (int64_t c = tile; c < tile_end; ++c) {
-        job->wide_unpack(weight_row(job, c, gathered), job->k, wide + (c - tile) * job->wide_row_bytes, &rows[c - tile]);
+        job->wide_unpack(weight_row(job, w, c, gathered), job->k, wide + (c - tile) * job->wide_row_bytes, &rows[c - tile]);
     }
     for (int64_t p = 0; p < job->n_panels; ++p) {
         for (int64_t c = tile; c < tile_end; c += 2) {
@@ -100,10 +108,10 @@ static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, ui
             const wide_row two[2] = {rows[c - tile], rows[c - tile + pair]};
             float out[2][PANEL_ROWS];
             job->panel_kernel(job->k, two, &job->panels[p], out);
-            float *y = job->y + p * PANEL_ROWS * job->n + c;
+            float *y = w->y + p * PANEL_ROWS * w->n + c;
             for (int r = 0; r < PANEL_ROWS; ++r) {
-                y[r * job->n] = out[0][r];
-                if (pair) y[r * job->n + 1] = out[1][r];
+                y[r * w->n] = out[0][r];
+                if (pair) y[r * w->n + 1] = out[1][r];
             }
         }
     }
@@ -112,25 +120,27 @@ static void dot_panels(const matmul_job *job, int64_t tile, int64_t tile_end, ui
 /* The X rows from first_lone on against an interleaved tile (weight rows tile..tile + 15), two at a time. The
  * first pass reads the tile from memory and asks for it a few blocks ahead; the later ones find it in cache and
  * ask for the next tile (the matrix's last tile: itself). */
-static void dot_tile(const matmul_job *job, int64_t tile) {
+static void dot_tile(const matmul_job *job, const pyllm_matrix *w, int64_t tile) {
     const int64_t tile_bytes = ROW_TILE * job->w_row_bytes, block_bytes = ROW_TILE * pyllm_type_size(job->type);
-    const uint8_t *w = job->w + tile * job->w_row_bytes;
-    const uint8_t *next = tile + ROW_TILE < job->n ? w + tile_bytes : w;
+    const uint8_t *rows = (const uint8_t *)w->data + tile * job->w_row_bytes;
+    const uint8_t *next = tile + ROW_TILE < w->n ? rows + tile_bytes : rows;
     for (int64_t r = job->first_lone; r < job->m; r += 2) {
         const int n_rows = job->m - r >= 2 ? 2 : 1;
-        const uint8_t *prefetch = r == job->first_lone ? w + TILE_PREFETCH_BLOCKS * block_bytes : next;
-        job->tile_kernel(job->k, w, &job->lone[r - job->first_lone], n_rows, job->y + r * job->n + tile, job->n, prefetch);
+        const uint8_t *prefetch = r == job->first_lone ? rows + TILE_PREFETCH_BLOCKS * block_bytes : next;
+        job->tile_kernel(job->k, rows, &job->lone[r - job->first_lone], n_rows, w->y + r * w->n + tile, w->n, prefetch);
     }
 }
 
-/* Output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; wide and gathered:
+/* W's output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; wide and gathered:
  * the thread's scratch for dot_panels and weight_row. */
-static void dot_rows(const matmul_job *job, int64_t begin, int64_t end, uint8_t *wide, uint8_t *gathered) {
+static void dot_rows(const matmul_job *job, const pyllm_matrix *w, int64_t begin, int64_t end, uint8_t *wide,
+                     uint8_t *gathered) {
+    const uint8_t *data = w->data;
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        if (job->n_panels > 0) dot_panels(job, tile, tile_end, wide, gathered);
+        if (job->n_panels > 0) dot_panels(job, w, tile, tile_end, wide, gathered);
         if (job->tile_kernel != NULL) {
-            dot_tile(job, tile);
+            dot_tile(job, w, tile);
             continue;
         }
         int64_t r = job->n_panels * PANEL_ROWS;
@@ -141,27 +151,28 @@ static void dot_rows(const matmul_job *job, int64_t begin, int64_t end, uint8_t 
             const int n_rows = pair ? VEC_DOT_MAX_ROWS + group[1].n_rows : group->n_rows;
             for (int64_t c = tile; c < tile_end; ++c) {
                 float out[2 * VEC_DOT_MAX_ROWS];
-                kernel(job->k, job->w + c * job->w_row_bytes, group, out);
-                for (int i = 0; i < n_rows; ++i) job->y[(r + i) * job->n + c] = out[i];
+                kernel(job->k, data + c * job->w_row_bytes, group, out);
+                for (int i = 0; i < n_rows; ++i) w->y[(r + i) * w->n + c] = out[i];
             }
             gi += pair ? 2 : 1;
             r += n_rows;
         }
         for (; r < job->m; ++r) {
-            float *y = job->y + r * job->n;
+            float *y = w->y + r * w->n;
             if (job->lone != NULL) {
                 const act_rows *row = &job->lone[r - job->first_lone];
-                for (int64_t c = tile; c < tile_end; ++c) y[c] = job->row_kernel(job->k, job->w + c * job->w_row_bytes, row);
+                for (int64_t c = tile; c < tile_end; ++c) y[c] = job->row_kernel(job->k, data + c * job->w_row_bytes, row);
                 continue;
             }
             const uint8_t *act = job->act + r * job->act_row_bytes;
-            for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, weight_row(job, c, gathered), act);
+            for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, weight_row(job, w, c, gathered), act);
         }
     }
 }
 
-/* The weight rows go out in chunks of whole tiles, each to whichever thread asks next: in a prompt, a
- * thread the system holds up (another process, a busy server) costs its chunk, not half the matmul. */
+/* The weight rows (every weight's, one after another) go out in chunks of whole tiles, each to whichever
+ * thread asks next: in a prompt, a thread the system holds up (another process, a busy server) costs its chunk,
+ * not half the matmul. */
 static void dot_task(void *arg, int ith, int nth) {
     (void)nth;
     matmul_job *job = arg;
@@ -169,9 +180,14 @@ static void dot_task(void *arg, int ith, int nth) {
     uint8_t *gathered = job->gathered + ith * job->gathered_bytes;
     for (;;) {
         const int64_t begin = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed) * job->chunk_rows;
-        if (begin >= job->n) break;
-        const int64_t end = begin + job->chunk_rows < job->n ? begin + job->chunk_rows : job->n;
-        dot_rows(job, begin, end, wide, gathered);
+        if (begin >= job->n_handed) break;
+        const int64_t end = begin + job->chunk_rows;
+        for (int i = 0; i < job->n_weights; ++i) {  /* the chunk's part of each weight */
+            const pyllm_matrix *w = &job->weights[i];
+            const int64_t first = begin > job->first[i] ? begin - job->first[i] : 0;
+            const int64_t last = end - job->first[i] < w->n ? end - job->first[i] : w->n;
+            if (first < last) dot_rows(job, w, first, last, wide, gathered);
+        }
     }
 }
 
@@ -185,14 +201,28 @@ static void panel_task(void *arg, int ith, int nth) {
     }
 }
 
-int pyllm_matmul(int w_type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
+int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
                  float *y, int n_threads) {
+    const pyllm_matrix weight = {w, n, y};
+    return pyllm_matmul_many(type, &weight, 1, k, x, m, n_threads);
+}
+
+/* The most weights one call takes. */
+#define MAX_WEIGHTS 4
+
+int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, int64_t k, const float *x, int64_t m,
+                      int n_threads) {
     const int64_t block_size = pyllm_type_block_size(w_type);
     if (block_size == 0 || pyllm_vec_dot_type(w_type) < 0) return PYLLM_ERR_TYPE;
-    if (n <= 0 || k <= 0 || m <= 0 || k % block_size != 0) return PYLLM_ERR_SHAPE;
+    if (n_weights < 1 || n_weights > MAX_WEIGHTS || k <= 0 || m <= 0 || k % block_size != 0) return PYLLM_ERR_SHAPE;
     if (pyllm_vec_dot_type(w_type) == PYLLM_TYPE_Q8_K && k % QK_K != 0) return PYLLM_ERR_SHAPE;
     const int interleaved = x16_base_type(w_type) >= 0, type = interleaved ? x16_base_type(w_type) : w_type;
-    if (interleaved && n % X16_ROWS != 0) return PYLLM_ERR_SHAPE;
+    int64_t first[MAX_WEIGHTS], n_handed = 0;
+    for (int i = 0; i < n_weights; ++i) {
+        if (weights[i].n <= 0 || (interleaved && weights[i].n % X16_ROWS != 0)) return PYLLM_ERR_SHAPE;
+        first[i] = n_handed;
+        n_handed += (weights[i].n + ROW_TILE - 1) / ROW_TILE * ROW_TILE;
+    }
     if (n_threads <= 0) n_threads = pyllm_physical_cores();
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
 
@@ -208,12 +238,14 @@ int pyllm_matmul(int w_type, const void *w, int64_t n, int64_t k, const float *x
         .tile_kernel = interleaved ? pyllm_active_x16_kernel(w_type) : NULL,
         .type = type,
         .w_type = w_type,
-        .w = w,
+        .weights = weights,
+        .n_weights = n_weights,
+        .first = first,
+        .n_handed = n_handed,
         .w_row_bytes = k / block_size * pyllm_type_size(type),
-        .n = n, .k = k, .m = m,
+        .k = k, .m = m,
         .x = x,
         .act_row_bytes = pyllm_activation_row_bytes(type, k),
-        .y = y,
     };
     if (job.kernel == NULL) return PYLLM_ERR_TYPE;
 
@@ -274,7 +306,7 @@ int pyllm_matmul(int w_type, const void *w, int64_t n, int64_t k, const float *x
      * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is
      * as long as it can be for the prefetchers (SmolLM2's decode at 2 threads: +15%, its 4-row step +6%). */
     const int64_t chunks_per_thread = m < DECODE_ROWS ? 1 : 8;
-    const int64_t tiles = (n + ROW_TILE - 1) / ROW_TILE, tiles_per_chunk = tiles / (chunks_per_thread * n_threads);
+    const int64_t tiles = n_handed / ROW_TILE, tiles_per_chunk = tiles / (chunks_per_thread * n_threads);
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);
     if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "../dispatch.h"
+#include "../matmul.h"
 #include "../panel.h"
 #include "../scratch.h"
 #include "../threadpool.h"
@@ -127,6 +128,53 @@ static void test_matmul_invariance(void) {
             free(w); free(x); free(y_all); free(y_one);
         }
     }
+}
+
+/* Several weights over one input (pyllm_matmul_many: a layer's q, k, v) give each weight's matmul alone, bit for
+ * bit: plain types with row counts off the 16-row tile (37, 5, 16), interleaved ones, M through lone rows, tile
+ * passes, groups and panels, 1-3 threads. */
+static void test_matmul_many_is_matmul_each(void) {
+    const int types[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16};
+    const int64_t k = 512, ms[] = {1, 4, 7, 37};
+    enum { N_W = 3 };
+    for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
+        const int type = types[ti], base = x16_base_type(type) >= 0 ? x16_base_type(type) : type;
+        const int64_t ns[N_W] = {x16_base_type(type) >= 0 ? 48 : 37, x16_base_type(type) >= 0 ? 32 : 5, 16};
+        const int64_t row_bytes = k / pyllm_type_block_size(base) * pyllm_type_size(base);
+        uint8_t *w[N_W];
+        float *x = malloc((size_t)(37 * k) * sizeof(float)), *together[N_W], *alone = malloc(37 * 48 * sizeof(float));
+        for (int i = 0; i < N_W; ++i) {
+            uint8_t *plain = malloc((size_t)(ns[i] * row_bytes));
+            w[i] = malloc((size_t)(ns[i] * row_bytes));
+            random_weights(base, plain, ns[i], k, FILL_RANDOM);
+            if (type == base) memcpy(w[i], plain, (size_t)(ns[i] * row_bytes));
+            else pyllm_interleave(base, plain, w[i], ns[i], k);
+            free(plain);
+            together[i] = malloc((size_t)(37 * ns[i]) * sizeof(float));
+        }
+        for (int64_t i = 0; i < 37 * k; ++i) x[i] = rng_float(-1, 1);
+        for (int mi = 0; mi < 4; ++mi) {
+            for (int threads = 1; threads <= 3; ++threads) {
+                const int64_t m = ms[mi];
+                pyllm_matrix matrices[N_W];
+                for (int i = 0; i < N_W; ++i) matrices[i] = (pyllm_matrix){w[i], ns[i], together[i]};
+                CHECK(pyllm_matmul_many(type, matrices, N_W, k, x, m, threads) == PYLLM_OK, "matmul_many");
+                for (int i = 0; i < N_W; ++i) {
+                    CHECK(pyllm_matmul(type, w[i], ns[i], k, x, m, alone, 4 - threads) == PYLLM_OK &&
+                          memcmp(alone, together[i], (size_t)(m * ns[i]) * sizeof(float)) == 0,
+                          "%s M=%lld threads %d: weight %d differs from its matmul alone", pyllm_type_name(type),
+                          (long long)m, threads, i);
+                }
+            }
+        }
+        for (int i = 0; i < N_W; ++i) { free(w[i]); free(together[i]); }
+        free(x); free(alone);
+    }
+    float x[32] = {0}, y[16];
+    uint8_t w[16 * sizeof(block_q8_0)] = {0};
+    const pyllm_matrix five[5] = {{w, 16, y}, {w, 16, y}, {w, 16, y}, {w, 16, y}, {w, 16, y}};
+    CHECK(pyllm_matmul_many(PYLLM_TYPE_Q8_0, five, 0, 32, x, 1, 1) == PYLLM_ERR_SHAPE, "matmul_many: no weight");
+    CHECK(pyllm_matmul_many(PYLLM_TYPE_Q8_0, five, 5, 32, x, 1, 1) == PYLLM_ERR_SHAPE, "matmul_many: five weights");
 }
 
 /* Panel kernels (a prompt's activation rows sixteen at a time: panel.h), where the CPU runs them: each output is
@@ -943,6 +991,7 @@ int main(void) {
     printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
     test_tiers_agree();
     test_matmul_invariance();
+    test_matmul_many_is_matmul_each();
     test_panel_kernels_agree();
     test_panel_prepare_agrees();
     test_bad_arguments();
