@@ -63,22 +63,12 @@ void pyllm_rope_angles(const int32_t *pos, int64_t m, int64_t n_rot, float freq_
 }
 
 /* Rotate x[m, n_heads, head_dim] in place by the angles of pyllm_rope_angles (the first n_rot dims of
- * each head; normal style pairs (2i, 2i+1), neox style (i, i + n_rot / 2)). */
+ * each head; normal style pairs (2i, 2i+1), neox style (i, i + n_rot / 2)): op_kernels' rope_head. */
 void pyllm_rope_rotate(float *x, const float *cos_sin, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                        int neox) {
-    const int64_t half = n_rot / 2;
+    const op_kernels *kernels = pyllm_op_kernels(pyllm_active_tier());
     for (int64_t r = 0; r < m; ++r) {
-        for (int64_t i = 0; i < half; ++i) {
-            const float c = cos_sin[r * n_rot + 2 * i], s = cos_sin[r * n_rot + 2 * i + 1];
-            for (int64_t h = 0; h < n_heads; ++h) {
-                float *head = x + (r * n_heads + h) * head_dim;
-                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-                const float x0 = head[a], x1 = head[b];
-                /* the fused multiply-adds of llama.cpp's x86 build (its compiler contracts the rotation) */
-                head[a] = fmaf(x0, c, -(x1 * s));
-                head[b] = fmaf(x0, s, x1 * c);
-            }
-        }
+        for (int64_t h = 0; h < n_heads; ++h) kernels->rope_head(x + (r * n_heads + h) * head_dim, cos_sin + r * n_rot, n_rot, neox);
     }
 }
 

@@ -311,6 +311,40 @@ static void to_half_avx2(const float *x, fp16_t *y, int64_t n) {
     for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+/* Four pairs (2i, 2i + 1) a vector, their cosines and sines as they lie (c0 s0 c1 s1 ..): lane 2i takes
+ * fma(x_a, c, -(x_b * s)), lane 2i + 1 fma(x_a, s, x_b * c), the second operands of both from the swapped
+ * angles and the negation a sign flip; or, neox, eight pairs (i, i + half) a vector, the angles split into
+ * cosines and sines. The rest pair by pair. */
+static void rope_head_avx2(float *head, const float *cos_sin, int64_t n_rot, int neox) {
+    const int64_t half = n_rot / 2;
+    int64_t i = 0;
+    if (neox) {
+        for (; i + 8 <= half; i += 8) {
+            const __m256 lo = _mm256_loadu_ps(cos_sin + 2 * i), hi = _mm256_loadu_ps(cos_sin + 2 * i + 8);
+            const __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+            const __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+            const __m256 x0 = _mm256_loadu_ps(head + i), x1 = _mm256_loadu_ps(head + i + half);
+            _mm256_storeu_ps(head + i, _mm256_fmadd_ps(x0, c, _mm256_xor_ps(_mm256_mul_ps(x1, s), _mm256_set1_ps(-0.0f))));
+            _mm256_storeu_ps(head + i + half, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+        }
+    } else {
+        const __m256 negate_even = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
+        for (; i + 4 <= half; i += 4) {
+            const __m256 cs = _mm256_loadu_ps(cos_sin + 2 * i), x = _mm256_loadu_ps(head + 2 * i);
+            const __m256 sc = _mm256_permute_ps(cs, 0xB1);  /* s0 c0 s1 c1 .. */
+            const __m256 x_a = _mm256_moveldup_ps(x), x_b = _mm256_movehdup_ps(x);
+            _mm256_storeu_ps(head + 2 * i, _mm256_fmadd_ps(x_a, cs, _mm256_xor_ps(_mm256_mul_ps(x_b, sc), negate_even)));
+        }
+    }
+    for (; i < half; ++i) {
+        const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = head[a], x1 = head[b];
+        head[a] = fmaf(x0, c, -(x1 * s));
+        head[b] = fmaf(x0, s, x1 * c);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -319,7 +353,7 @@ static void to_half_avx2(const float *x, fp16_t *y, int64_t n) {
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
-                                     to_half_avx2};
+                                     to_half_avx2, rope_head_avx2};
 
 #else /* not x86-64 with GCC or clang */
 

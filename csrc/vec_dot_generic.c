@@ -377,6 +377,17 @@ static void to_half_generic(const float *x, fp16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+static void rope_head_generic(float *head, const float *cos_sin, int64_t n_rot, int neox) {
+    const int64_t half = n_rot / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = head[a], x1 = head[b];
+        head[a] = fmaf(x0, c, -(x1 * s));
+        head[b] = fmaf(x0, s, x1 * c);
+    }
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
-                                       geglu_generic, to_half_generic};
+                                       geglu_generic, to_half_generic, rope_head_generic};

@@ -795,6 +795,31 @@ static void test_to_half_agrees(void) {
 /* The non-matmul kernels: every tier gives the generic bits (lengths with and without an 8-wide tail,
  * masked scores, zero weights, inputs that reach exp_ggml's scaled and overflow branches); exp_ggml is
  * within 2 ulp of exp wherever its result is a normal float. */
+/* Each tier's rope_head is generic's, bit for bit: both styles, head sizes and rotated widths with and without
+ * a tail past the vector steps, angles from pyllm_rope_angles at far positions. */
+static void test_rope_agrees(void) {
+    enum { MAX_D = 256 };
+    static float ref[MAX_D], got[MAX_D], cos_sin[MAX_D];
+    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    const int64_t n_rots[] = {2, 6, 8, 14, 16, 30, 64, 128, 256};
+    int checked = 0, bad = 0;
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        const op_kernels *fast = pyllm_op_kernels(tier);
+        for (int ri = 0; ri < 9; ++ri) {
+            for (int neox = 0; neox <= 1; ++neox) {
+                const int32_t pos = (int32_t)(rng_u32() % 40000);
+                pyllm_rope_angles(&pos, 1, n_rots[ri], 10000.0f, 1.0f, cos_sin);
+                for (int i = 0; i < MAX_D; ++i) ref[i] = got[i] = rng_float(-8, 8);
+                generic->rope_head(ref, cos_sin, n_rots[ri], neox);
+                fast->rope_head(got, cos_sin, n_rots[ri], neox);
+                bad += memcmp(ref, got, sizeof ref) != 0;
+                ++checked;
+            }
+        }
+    }
+    CHECK(bad == 0, "rope_head: %d of %d heads differ from generic's", bad, checked);
+}
+
 static void test_op_kernels_agree(void) {
     enum { MAX_N = 100, MAX_D = 140 };
     static float s_ref[MAX_N], s_got[MAX_N], p[MAX_N], out_ref[MAX_D], out_got[MAX_D];
@@ -839,6 +864,7 @@ static void test_op_kernels_agree(void) {
             }
         }
     }
+    test_rope_agrees();
     test_activation_quantizers_agree();
     test_geglu_agrees();
     test_to_half_agrees();
