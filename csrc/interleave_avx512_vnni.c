@@ -51,7 +51,7 @@ KERNEL_INLINE __m512 lane_step(__m512 acc, __m512 scale, __m512i start, __m512i 
 
 /* The body of every tile kernel: n_rows (1 or 2) activation rows, fmt's blocks. */
 KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
-                             const uint8_t *prefetch, const int n_rows, const int fmt) {
+                             const uint8_t *prefetch, const int next_tile, const int n_rows, const int fmt) {
     const size_t block_bytes = tile_block_bytes(fmt);
     __m512 acc[2][8], mins[2];
 #pragma GCC unroll 2
@@ -63,8 +63,14 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < n / QK32; ++b) {
         const uint8_t *block = tile + b * block_bytes;
+        const char *ahead = (const char *)prefetch + b * block_bytes;
+        if (next_tile) {  /* into L2: a tile's worth of lines in L1's few fill buffers would stall this pass */
 #pragma GCC unroll 9
-        for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch((const char *)prefetch + b * block_bytes + line, _MM_HINT_T0);
+            for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+        } else {
+#pragma GCC unroll 9
+            for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
         __m512 scale[2];
 #pragma GCC unroll 2
@@ -109,9 +115,9 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
 
 #define TILE_KERNEL(name, fmt)                                                                                  \
     static void name(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out, int64_t stride, \
-                     const uint8_t *prefetch) {                                                                 \
-        if (n_rows == 2) tile_rows(n, tile, rows, out, stride, prefetch, 2, fmt);                               \
-        else tile_rows(n, tile, rows, out, stride, prefetch, 1, fmt);                                           \
+                     const uint8_t *prefetch, int next_tile) {                                                  \
+        if (n_rows == 2) tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2, fmt);                    \
+        else tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1, fmt);                                \
     }
 
 TILE_KERNEL(tile_q4_1_kernel, FMT_Q4_1)

@@ -525,7 +525,7 @@ static void test_interleaved_is_plain(void) {
                 }
                 for (int t = 0; t < N_OUT / X16_ROWS; ++t) {
                     float out[2][X16_ROWS];
-                    kernel(n, tiles + t * X16_ROWS * row_bytes, rows, n_rows, out[0], X16_ROWS, tiles);
+                    kernel(n, tiles + t * X16_ROWS * row_bytes, rows, n_rows, out[0], X16_ROWS, tiles, t);
                     for (int r = 0; r < n_rows; ++r) {
                         for (int i = 0; i < X16_ROWS; ++i) {
                             const float want = vec_dot_table_generic[base](n, plain + (t * X16_ROWS + i) * row_bytes,
