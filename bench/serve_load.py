@@ -1,21 +1,24 @@
 """Load benchmark for an OpenAI-compatible server: concurrent streaming clients on loopback.
 
     python bench/serve_load.py [MODEL] [--clients 1,4] [--requests 8] [--max-tokens 64] [--threads 2]
-                               [--llama-server PATH] [--url URL] [--prefix-tokens 400]
+                               [--rounds 3] [--llama-server PATH] [--url URL] [--prefix-tokens 400]
 
 Starts `pyllm serve MODEL --parallel C` (and, with --llama-server, llama.cpp's `llama-server -np C`
-on the same file and threads) for each client count C, and sends --requests streaming completions
-from C concurrent clients: prompts of mixed lengths (short, medium, long), greedy, a fixed number of
-output tokens (end-of-generation tokens are biased away). Or, with --url, measures a server that is
-already running. Reports in vLLM's vocabulary:
+on the same file and threads), C the largest client count, and sends --requests streaming completions
+from each number of concurrent clients in turn: prompts of mixed lengths (short, medium, long), greedy,
+a fixed number of output tokens (end-of-generation tokens are biased away). Or, with --url, measures a
+server that is already running. --rounds repeats the client counts, the order alternating, so that a
+shared machine's slow minutes fall on all of them; the summary gives medians, and each count's ratio
+to the single client of the same round (median and range). Reports in vLLM's vocabulary:
 
     request throughput (req/s), output token throughput (tok/s), TTFT, TPOT (time per output token
-    after the first) and end-to-end latency: mean, median (p50) and p99, in milliseconds;
+    after the first) and end-to-end latency: mean, median (p50) and p99, in milliseconds; and the
+    decode rate, clients / median TPOT (tok/s: the streams' aggregate once they are generating, without
+    their prompts' time);
 
-the aggregate output tok/s at each client count against the single-client figure; and a prefix-cache
-probe: TTFT of a prompt with a --prefix-tokens shared prefix, cold and then warm (a second request
-sharing the prefix). Also checks that every answer equals the single-client answer to the same prompt.
-Not run in CI.
+and a prefix-cache probe: TTFT of a prompt with a --prefix-tokens shared prefix, cold and then warm (a
+second request sharing the prefix). Also checks that every answer equals the single-client answer to the
+same prompt. Not run in CI.
 """
 
 from __future__ import annotations
@@ -211,6 +214,17 @@ def report(run: Run) -> None:
     print(f"  TTFT                 {_ms([r.ttft for r in rs])}")
     print(f"  TPOT                 {_ms([r.tpot for r in rs if r.tpot is not None])}")
     print(f"  E2E latency          {_ms([r.e2e for r in rs])}")
+    print(f"  decode rate          {decode_rate(run):8.2f} tok/s (clients / median TPOT)")
+
+
+def decode_rate(run: Run) -> float:
+    """The streams' aggregate tokens/s while generating: clients / median TPOT."""
+    tpots = [r.tpot for r in run.results if r.tpot is not None]
+    return run.clients / statistics.median(tpots) if tpots else 0.0
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:
@@ -220,6 +234,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="times through the client counts (default 3)")
     parser.add_argument("--n-ctx", type=int, default=2048, help="context per sequence")
     parser.add_argument("--prefix-tokens", type=int, default=400)
     parser.add_argument("--prompts", choices=["mixed", "short"], default="mixed",
@@ -248,38 +263,48 @@ def main() -> None:
         served_name = listing["data"][0]["id"]
     summary = []
     for kind, binary in kinds:
-        reference: list[str] | None = None
-        base_rate = None
+        proc = None
+        if args.url:
+            url = args.url.rstrip("/")
+        else:
+            proc, url = start_server(kind, binary, model, max(counts), args.threads, args.n_ctx)
+        try:
+            run_load(url, kind, 1, texts[:1], 4, bias, served_name)  # warm-up
+            runs: dict[int, list[Run]] = {c: [] for c in counts}
+            reference: list[str] | None = None
+            same = {c: 0 for c in counts}
+            for r in range(args.rounds):
+                for clients in counts if r % 2 == 0 else counts[::-1]:
+                    run = run_load(url, kind, clients, texts, args.max_tokens, bias, served_name)
+                    report(run)
+                    runs[clients].append(run)
+                    answers = [res.text for res in run.results]
+                    reference = reference or answers
+                    same[clients] += sum(a == b for a, b in zip(answers, reference, strict=False))
+            cold, warm = prefix_probe(url, tokenizer, args.prefix_tokens, bias, served_name)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+        base = counts[0]
         for clients in counts:
-            proc = None
-            if args.url:
-                url = args.url.rstrip("/")
-            else:
-                proc, url = start_server(kind, binary, model, clients, args.threads, args.n_ctx)
-            try:
-                run_load(url, kind, 1, texts[:1], 4, bias, served_name)  # warm-up
-                run = run_load(url, f"{kind}", clients, texts, args.max_tokens, bias, served_name)
-                report(run)
-                answers = [r.text for r in run.results]
-                same = None if reference is None else sum(a == b for a, b in zip(answers, reference, strict=False))
-                reference = reference or answers
-                rate = run.output_tokens / run.wall
-                base_rate = base_rate or rate
-                ttft_p99 = sorted(r.ttft for r in run.results)[-1]
-                line = (f"{kind:10s} clients {clients}: {rate:7.2f} tok/s ({rate / base_rate:4.2f}x single), "
-                        f"TTFT p99 {1e3 * ttft_p99:6.0f} ms"
-                        + ("" if same is None else f", answers equal to the 1-client run: {same}/{len(answers)}"))
-                if clients == counts[-1]:
-                    cold, warm = prefix_probe(url, tokenizer, args.prefix_tokens, bias, served_name)
-                    line += (f"; prefix probe: TTFT cold {1e3 * cold.ttft:.0f} ms, warm {1e3 * warm.ttft:.0f} ms"
-                             + (f" ({warm.cached_tokens} cached tokens)" if warm.cached_tokens is not None else ""))
-                summary.append(line)
-            finally:
-                if proc is not None:
-                    proc.terminate()
-                    proc.wait(timeout=30)
+            rates = [run.output_tokens / run.wall for run in runs[clients]]
+            decode = [decode_rate(run) for run in runs[clients]]
+            ttft_p99 = statistics.median([sorted(res.ttft for res in run.results)[-1] for run in runs[clients]])
+            line = (f"{kind:10s} clients {clients}: {statistics.median(rates):7.2f} tok/s, decode "
+                    f"{statistics.median(decode):7.2f} tok/s, TTFT p99 {1e3 * ttft_p99:6.0f} ms, answers equal to "
+                    f"the first run's: {same[clients]}/{len(texts) * args.rounds}")
+            if clients != base:
+                line += (f"; vs {base} client(s) in the same round: output "
+                         + spread([a.output_tokens / a.wall / (b.output_tokens / b.wall)
+                                   for a, b in zip(runs[clients], runs[base], strict=True)])
+                         + ", decode " + spread([decode_rate(a) / decode_rate(b)
+                                                 for a, b in zip(runs[clients], runs[base], strict=True)]))
+            summary.append(line)
+        summary.append(f"{kind:10s} prefix probe: TTFT cold {1e3 * cold.ttft:.0f} ms, warm {1e3 * warm.ttft:.0f} ms"
+                       + (f" ({warm.cached_tokens} cached tokens)" if warm.cached_tokens is not None else ""))
     print("\nsummary (" + f"{model.name}, {args.threads} threads, {args.requests} {args.prompts}-prompt requests of "
-          f"{args.max_tokens} tokens, machine {os.cpu_count()} cpus)")
+          f"{args.max_tokens} tokens a run, {args.rounds} rounds, medians; machine {os.cpu_count()} cpus)")
     for line in summary:
         print("  " + line)
 
