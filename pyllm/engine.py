@@ -276,7 +276,9 @@ class Engine:
     def _finish(self, seq: _Sequence, reason: str) -> None:
         self._active.remove(seq)
         self.metrics.sequences_active.set(len(self._active))
-        if not seq.shifted:
+        if seq.shifted:
+            self.prefix_cache.discard(seq.cache)
+        else:
             self.prefix_cache.release(seq.cache, seq.fed)
         self._finish_request(seq.request, reason)
 

@@ -70,9 +70,12 @@ class KVCache:
         """Cache bytes one more token of the sequence occupies (ring layers are bounded, not counted)."""
         return sum(layer.k[0].nbytes + layer.v[0].nbytes for layer in self.layers if not layer.ring)
 
-    def copy_prefix(self, n_tokens: int) -> KVCache:
-        """A new cache holding this one's first n_tokens (fewer, possibly 0, where a ring has moved on)."""
-        copy = KVCache(self.config, self.n_ctx, self.max_batch)
+    def copy_prefix(self, n_tokens: int, into: KVCache | None = None) -> KVCache:
+        """A cache holding this one's first n_tokens (fewer, possibly 0, where a ring has moved on): `into` (one of
+        the same shape, whatever it held) or a new one."""
+        copy = into if into is not None else KVCache(self.config, self.n_ctx, self.max_batch)
+        if (copy.n_ctx, copy.max_batch, len(copy.layers)) != (self.n_ctx, self.max_batch, len(self.layers)):
+            raise ValueError("copy_prefix: the target cache has another shape")
         n_tokens = min(n_tokens, self.n_used)
         for mine, theirs in zip(self.layers, copy.layers, strict=True):
             n_slots = mine.capacity if mine.ring else n_tokens  # a ring's slots are spread over all of it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from test_model import WINDOW, write_tiny_model
@@ -107,6 +108,32 @@ def test_prefix_cache_takes_copies_supersedes_and_evicts(model: Model) -> None:
     prefixes.release(other, [7, 8, 9, 10, 11])
     assert len(prefixes) == 1 and prefixes.n_bytes <= 2 * per_entry   # 6 + 5 tokens > the budget: the old one went
     assert prefixes.acquire([7, 8, 9, 10, 11, 12])[1] == 5
+
+
+def test_caches_that_leave_are_kept_as_spares(model: Model) -> None:
+    """Superseded, evicted and discarded caches come back empty for the next sequences (up to max_spare), and a
+    sequence on a recycled cache gets the tokens it gets on a new one."""
+    prefixes = PrefixCache(model, 48, max_bytes=1 << 20, max_spare=2)
+    first = prefixes.new_cache()
+    model.forward([1, 2, 3], first)
+    prefixes.release(first, [1, 2, 3])
+    longer = prefixes.new_cache()
+    model.forward([1, 2, 3, 4], longer)
+    prefixes.release(longer, [1, 2, 3, 4])                 # supersedes [1, 2, 3]: its cache becomes a spare
+    spare, n = prefixes.acquire([50, 51, 52])
+    assert spare is first and n == 0 and spare.n_used == 0
+    assert all((layer.positions == -1).all() for layer in spare.layers)
+    shifted = model.new_cache(48)
+    model.forward([9, 9, 9], shifted)
+    prefixes.discard(shifted)                                # a context shift's cache: nothing to reuse
+    copy, n = prefixes.acquire([1, 2, 60])                   # a part of [1, 2, 3, 4]: copied into the spare
+    assert copy is shifted and n == 2 and copy.n_used == 2
+    for cache, prompt, n_cached in ((spare, [50, 51, 52], 0), (copy, [1, 2, 60], 2)):
+        want = model.forward(prompt, model.new_cache(48))
+        np.testing.assert_array_equal(model.forward(prompt[n_cached:], cache).view(np.uint32), want.view(np.uint32))
+    for _ in range(3):
+        prefixes.discard(model.new_cache(48))
+    assert len(prefixes._spare) == 2                          # at most max_spare
 
 
 def test_a_sliding_window_cache_that_moved_on_is_not_reused(tmp_path: Path) -> None:
