@@ -345,6 +345,36 @@ static void rope_head_avx2(float *head, const float *cos_sin, int64_t n_rot, int
     }
 }
 
+/* Two passes: the maximum 8 lanes at a time (max_ps keeps the running maximum where x is NaN, which a separate
+ * unordered compare records), then the first entry equal to it. */
+static int64_t argmax_avx2(const float *x, int64_t n, int *nan) {
+    __m256 best = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        best = _mm256_max_ps(v, best);
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    float max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    int seen_nan = _mm256_movemask_ps(unordered) != 0;
+    for (int64_t j = i; j < n; ++j) {
+        seen_nan |= isnan(x[j]);
+        if (x[j] > max) max = x[j];
+    }
+    *nan = seen_nan;
+    const __m256 target = _mm256_set1_ps(max);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
+        if (hits) return i + __builtin_ctz((unsigned)hits);
+    }
+    for (; i < n; ++i) {
+        if (x[i] == max) return i;
+    }
+    return 0;  /* every entry NaN */
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -353,7 +383,7 @@ static void rope_head_avx2(float *head, const float *cos_sin, int64_t n_rot, int
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
-                                     to_half_avx2, rope_head_avx2};
+                                     to_half_avx2, rope_head_avx2, argmax_avx2};
 
 #else /* not x86-64 with GCC or clang */
 

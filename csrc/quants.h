@@ -332,7 +332,8 @@ extern const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT];
  * to_half:      y[i] = fp32_to_fp16(x[i]);
  * rope_head:    one head's first n_rot dims rotated by cos_sin (pyllm_rope_angles' row): pairs (a, b) = (2i, 2i + 1)
  *               or, neox, (i, i + n_rot / 2) become (fmaf(x_a, c_i, -(x_b * s_i)), fmaf(x_a, s_i, x_b * c_i)) (the
- *               fused multiply-adds of llama.cpp's x86 build: its compiler contracts the rotation). */
+ *               fused multiply-adds of llama.cpp's x86 build: its compiler contracts the rotation);
+ * argmax:       the first index of the largest of x[0..n) (n > 0); *nan <- whether x holds a NaN (then any index). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
@@ -342,6 +343,7 @@ typedef struct {
     void (*geglu)(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n);
     void (*to_half)(const float *x, fp16_t *y, int64_t n);
     void (*rope_head)(float *head, const float *cos_sin, int64_t n_rot, int neox);
+    int64_t (*argmax)(const float *x, int64_t n, int *nan);
 } op_kernels;
 
 extern const op_kernels op_kernels_generic;

@@ -10,8 +10,9 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "pyllm.h"
+#include "dispatch.h"
 
 /* (value, id) a worse than b: lower value, or the same value and a later id. */
 static inline int worse(const float *x, int32_t a, int32_t b) {
@@ -85,5 +86,21 @@ int pyllm_top_k(const float *x, int64_t n, int64_t k, int32_t *ids) {
         ids[end] = t;
         sift_down(x, ids, end, 0);
     }
+    return PYLLM_OK;
+}
+
+int pyllm_argmax(const float *x, int64_t n, const int64_t *bias_ids, const float *bias_vals, int64_t n_bias,
+                 float *scratch, int64_t *index, int *nan) {
+    if (n <= 0 || n_bias < 0) return PYLLM_ERR_SHAPE;
+    for (int64_t i = 0; i < n_bias; ++i) {
+        if (bias_ids[i] < 0 || bias_ids[i] >= n) return PYLLM_ERR_SHAPE;
+    }
+    const float *row = x;
+    if (n_bias > 0) {
+        memcpy(scratch, x, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n_bias; ++i) scratch[bias_ids[i]] += bias_vals[i];
+        row = scratch;
+    }
+    *index = pyllm_op_kernels(pyllm_active_tier())->argmax(row, n, nan);
     return PYLLM_OK;
 }

@@ -388,6 +388,17 @@ static void rope_head_generic(float *head, const float *cos_sin, int64_t n_rot, 
     }
 }
 
+static int64_t argmax_generic(const float *x, int64_t n, int *nan) {
+    int64_t best = 0;
+    int seen_nan = isnan(x[0]);
+    for (int64_t i = 1; i < n; ++i) {
+        seen_nan |= isnan(x[i]);
+        if (x[i] > x[best]) best = i;
+    }
+    *nan = seen_nan;
+    return best;
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
-                                       geglu_generic, to_half_generic, rope_head_generic};
+                                       geglu_generic, to_half_generic, rope_head_generic, argmax_generic};

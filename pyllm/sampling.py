@@ -177,6 +177,11 @@ def _smallest(key: np.ndarray, m: int) -> np.ndarray:
     return sel[np.lexsort((sel, key[sel]))]
 
 
+def _is_float32_row(a: object) -> bool:
+    return (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.shape[0] > 0
+            and a.flags.c_contiguous)
+
+
 def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k largest entries of x (float32 or float64, no NaN), ordered by value descending then id
     ascending: the C core's one-pass heap (csrc/topk.c) for float32 rows and k <= 256, ``_smallest(-x, k)``
@@ -304,11 +309,37 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next token id for this row of logits (shape ``(n_vocab,)``)."""
+        if self.params.greedy and not self.params.has_penalties and _is_float32_row(logits):
+            return self._greedy(logits)
         x = self._prepare(logits, history, self._work_buffer(logits))
         if self.params.greedy:
             return int(np.argmax(x))
         ids, vals = self._truncate(x)
         return self._draw(ids, vals)
+
+    def _greedy(self, logits: np.ndarray) -> int:
+        """`sample` at temperature 0 without penalties in one C call (pyllm_argmax): the biased row's first
+        largest entry, with _prepare's checks. A server's engine samples every sequence each step on the
+        thread that runs the model, where each of _prepare's numpy calls let other threads take the GIL."""
+        n = logits.shape[0]
+        if self._bias_ids.size and int(self._bias_ids.max()) >= n:
+            bad = int(self._bias_ids[self._bias_ids >= n][0])
+            raise SamplingError(f"logit_bias token {bad} is outside the vocabulary (n_vocab={n})")
+        scratch = self._work_buffer(logits)
+        found = ffi.new("int64_t *")
+        nan = ffi.new("int *")
+        lib.pyllm_argmax(ffi.from_buffer("float[]", logits), n, ffi.from_buffer("int64_t[]", self._bias_ids),
+                         ffi.from_buffer("float[]", self._bias_vals), self._bias_ids.size,
+                         ffi.from_buffer("float[]", scratch), found, nan)
+        if nan[0]:
+            raise SamplingError("logits contain NaN")
+        token = int(found[0])
+        top = scratch[token] if self._bias_ids.size else logits[token]
+        if top == np.inf:
+            raise SamplingError("logits contain +inf")
+        if top == -np.inf:
+            raise SamplingError("no token can be sampled: every logit is -inf (all banned)")
+        return token
 
     def process(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The logits the final draw sees, before temperature, as a new float32 ``(n_vocab,)`` array.

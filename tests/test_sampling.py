@@ -135,6 +135,38 @@ def test_greedy_applies_bias_and_penalties() -> None:
     assert Sampler(SamplingParams(temperature=0, presence_penalty=3.0)).sample(logits, [1, 2]) == 1
 
 
+def test_greedy_fast_path_matches_the_reference_chain() -> None:
+    """Greedy without penalties runs in one C call (pyllm_argmax); it picks what the numpy chain picks (the
+    argmax of `process`, the biased logits) and raises what it raises, on rows with ties, biases (-inf too),
+    infinities and NaN, whatever the vocabulary size, and leaves the logits alone."""
+    data = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(data.integers(1, 70)) if trial % 3 else int(data.integers(1000, 50000))
+        logits = (data.integers(-3, 3, n) if trial % 4 == 0 else data.standard_normal(n)).astype(np.float32)
+        kind = trial % 7
+        if kind == 1:
+            logits[data.integers(0, n)] = np.inf
+        elif kind == 2:
+            logits[data.integers(0, n)] = np.nan
+        elif kind == 3:
+            logits[:] = -np.inf
+        ids = data.choice(n, size=min(n, 3), replace=False)
+        values = data.choice([-np.inf, -2.0, 0.5, 3.0], size=len(ids))
+        bias = {int(i): float(v) for i, v in zip(ids, values, strict=True)}
+        sampler = Sampler(SamplingParams(temperature=0, logit_bias=bias if trial % 2 else None))
+        before = logits.copy()
+        try:
+            want: int | str = int(np.argmax(sampler.process(logits)))
+        except SamplingError as exc:
+            want = str(exc)
+        try:
+            got: int | str = sampler.sample(logits)
+        except SamplingError as exc:
+            got = str(exc)
+        assert got == want, (trial, n, kind)
+        np.testing.assert_array_equal(logits, before)
+
+
 # -- truncation stages -------------------------------------------------------------------
 
 

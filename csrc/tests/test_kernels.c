@@ -820,6 +820,41 @@ static void test_rope_agrees(void) {
     CHECK(bad == 0, "rope_head: %d of %d heads differ from generic's", bad, checked);
 }
 
+/* Each tier's argmax is generic's: the first index of the maximum, with ties, infinities, -0 against +0, NaN
+ * anywhere (flagged by both), every length up to past two vectors. */
+static void test_argmax_agrees(void) {
+    enum { MAX_N = 40 };
+    float x[MAX_N];
+    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    int checked = 0, bad = 0;
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        const op_kernels *fast = pyllm_op_kernels(tier);
+        for (int n = 1; n <= MAX_N; ++n) {
+            for (int kind = 0; kind < 6; ++kind) {
+                for (int i = 0; i < n; ++i) {
+                    x[i] = kind == 1 ? (float)(rng_u32() % 3) : kind == 2 ? -INFINITY : rng_float(-5, 5);
+                    if (kind == 3 && rng_u32() % 4 == 0) x[i] = rng_u32() % 2 ? 0.0f : -0.0f;
+                }
+                if (kind == 4) x[rng_u32() % n] = INFINITY;
+                if (kind == 5) x[rng_u32() % n] = NAN;
+                int nan_ref, nan_got;
+                const int64_t want = generic->argmax(x, n, &nan_ref), got = fast->argmax(x, n, &nan_got);
+                bad += nan_ref != nan_got || (!nan_ref && want != got);
+                ++checked;
+            }
+        }
+    }
+    CHECK(checked > 0 && bad == 0, "argmax: %d of %d rows differ from generic's", bad, checked);
+    float row[3] = {1.0f, 5.0f, 2.0f}, scratch[3];
+    const int64_t ids[2] = {1, 2}, outside[1] = {3};
+    const float vals[2] = {-10.0f, 1.0f};
+    int64_t index;
+    int nan;
+    CHECK(pyllm_argmax(row, 3, ids, vals, 2, scratch, &index, &nan) == PYLLM_OK && index == 2 && !nan && row[1] == 5.0f,
+          "argmax with a bias");
+    CHECK(pyllm_argmax(row, 3, outside, vals, 1, scratch, &index, &nan) == PYLLM_ERR_SHAPE, "argmax: bias id 3 of 3");
+}
+
 static void test_op_kernels_agree(void) {
     enum { MAX_N = 100, MAX_D = 140 };
     static float s_ref[MAX_N], s_got[MAX_N], p[MAX_N], out_ref[MAX_D], out_got[MAX_D];
@@ -865,6 +900,7 @@ static void test_op_kernels_agree(void) {
         }
     }
     test_rope_agrees();
+    test_argmax_agrees();
     test_activation_quantizers_agree();
     test_geglu_agrees();
     test_to_half_agrees();
