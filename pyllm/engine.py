@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,11 +54,13 @@ class Step:
     top_logprobs: dict[str, float] | None = None
 
 
-_FINISHED = object()
+FINISHED = object()  # the last event of a request (Request.next_event)
 
 
 class Request:
-    """A submitted generation: iterate it for its Steps. Thread-safe to cancel from anywhere."""
+    """A submitted generation: iterate it for its Steps (or take its events with next_event). Thread-safe to
+    cancel from anywhere. `on_event`, when set, is called on the engine's thread after each event it posts
+    (an event loop's wake-up: see pyllm/server.py)."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None) -> None:
         self.prompt = prompt
@@ -72,6 +74,7 @@ class Request:
         self.first_token_at: float | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
+        self.on_event: Callable[[], None] | None = None
 
     def cancel(self) -> None:
         """Stop generating; the engine frees the sequence at its next step."""
@@ -84,11 +87,25 @@ class Request:
     def __iter__(self) -> Iterator[Step]:
         while True:
             event = self._events.get()
-            if event is _FINISHED:
+            if event is FINISHED:
                 return
             if isinstance(event, BaseException):
                 raise event
             yield event
+
+    def next_event(self, block: bool = True) -> Step | BaseException | object | None:
+        """The next event: a Step, the engine's exception, or FINISHED; None when block is False and none has
+        come yet."""
+        try:
+            return self._events.get(block=block)
+        except queue.Empty:
+            return None
+
+    def _post(self, event: object) -> None:
+        self._events.put(event)
+        notify = self.on_event
+        if notify is not None:
+            notify()
 
 
 @dataclass
@@ -183,9 +200,9 @@ class Engine:
                 self._step()
         error = EngineClosedError("the engine is shut down")
         for seq in self._active:
-            seq.request._events.put(error)
+            seq.request._post(error)
         for request in self._waiting:
-            request._events.put(error)
+            request._post(error)
 
     def _admit(self) -> None:
         """Move waiting requests into free slots (called with the lock held)."""
@@ -230,7 +247,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - the requests get the error, the engine goes on
             for seq, _ in members:
                 self._active.remove(seq)
-                seq.request._events.put(exc)
+                seq.request._post(exc)
             return
         now = time.perf_counter()
         for (seq, chunk), logits in zip(members, results, strict=True):
@@ -259,7 +276,7 @@ class Engine:
         seq.last_token_at = now
         request.n_generated += 1
         self.metrics.generation_tokens.inc()
-        request._events.put(step)
+        request._post(step)
         seq.history.append(token)
         seq.next_token = token
         if request.n_generated >= request.max_tokens:
@@ -285,4 +302,4 @@ class Engine:
     def _finish_request(self, request: Request, reason: str) -> None:
         request.finish_reason = reason
         self.metrics.requests_finished.inc(label=reason)
-        request._events.put(_FINISHED)
+        request._post(FINISHED)

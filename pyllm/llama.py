@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,36 +24,11 @@ import numpy as np
 
 from . import catalogue
 from .chat_template import render_chat
-from .engine import Engine, Request, Step
+from .engine import FINISHED, Engine, Request, Step
 from .gguf import GGUFFile
 from .model import ContextFullError, Model
 from .sampling import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
-
-
-class CompletionStream(Iterator[dict[str, Any]]):
-    """The chunks of a streamed completion. `cancel()` (from any thread) stops the generation at the
-    engine's next step; the iteration then ends."""
-
-    def __init__(self, chunks: Iterator[dict[str, Any]], request: Request) -> None:
-        self._chunks = chunks
-        self.request = request
-
-    def __next__(self) -> dict[str, Any]:
-        return next(self._chunks)
-
-    def cancel(self) -> None:
-        self.request.cancel()
-
-    def close(self) -> None:
-        """Stop and let go (from the iterating thread)."""
-        self.request.cancel()
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-    def __del__(self) -> None:
-        self.request.cancel()  # a stream dropped unread must not keep generating
 
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
@@ -64,6 +40,98 @@ def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
                 longest = n
                 break
     return longest
+
+
+# (text delta, the step that brought it or None, finish reason or None): a completion's pieces
+Piece = tuple[str, Step | None, str | None]
+
+
+class _TextStream:
+    """A completion's text as its steps arrive: held back while it could still become a stop string, never split
+    inside a character; `stopped` once a stop string appeared (the text before it was the last piece)."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
+        self._decoder = StreamDecoder(tokenizer, continuation=True)  # the text as generated, no clean-up
+        self._stops = stops
+        self._pending = ""
+        self.stopped = False
+
+    def feed(self, step: Step) -> list[Piece]:
+        self._pending += self._decoder.feed(step.token)
+        hit = min((self._pending.find(s) for s in self._stops if s and s in self._pending), default=-1)
+        if hit >= 0:
+            self.stopped = True
+            return [(self._pending[:hit], step, None), ("", None, "stop")]
+        safe = len(self._pending) - _stop_prefix_suffix(self._pending, self._stops)
+        text, self._pending = self._pending[:safe], self._pending[safe:]
+        return [(text, step, None)]
+
+    def finish(self, request: Request) -> list[Piece]:
+        """The last piece, once the request has finished (its reason: length or stop)."""
+        text, self._pending = self._pending + self._decoder.flush(), ""
+        return [(text, None, "length" if request.finish_reason == "length" else "stop")]
+
+
+class CompletionStream(Iterator[dict[str, Any]]):
+    """The chunks of a streamed completion. Iterating waits for the engine; `poll()` takes what is ready
+    without waiting (an event loop's way: Request.on_event says when to look again). `cancel()` (from any
+    thread) stops the generation at the engine's next step; the iteration then ends."""
+
+    def __init__(self, request: Request, text: _TextStream, chunks: Callable[[Piece], list[dict[str, Any]]],
+                 first: list[dict[str, Any]]) -> None:
+        self.request = request
+        self._text = text
+        self._chunks = chunks   # a piece -> its chunks
+        self._ready: deque[dict[str, Any]] = deque(first)
+        self._ended = False
+        self._owns_request = True  # dropped unread, it cancels the generation (unless another stream took it over)
+
+    def __next__(self) -> dict[str, Any]:
+        while not self._ready:
+            if self._ended:
+                raise StopIteration
+            self._take(self.request.next_event())
+        return self._ready.popleft()
+
+    def poll(self) -> list[dict[str, Any]] | None:
+        """The chunks ready now: [] when none has come yet, None once the stream has ended and all were taken.
+        Raises what the engine raised for the request."""
+        while not self._ended and (event := self.request.next_event(block=False)) is not None:
+            self._take(event)
+        if self._ended and not self._ready:
+            return None
+        ready = list(self._ready)
+        self._ready.clear()
+        return ready
+
+    def _take(self, event: object) -> None:
+        if event is FINISHED:
+            self._ended = True
+            pieces = self._text.finish(self.request)
+        elif isinstance(event, BaseException):
+            self._ended = True
+            raise event
+        else:
+            assert isinstance(event, Step)
+            pieces = self._text.feed(event)
+            if self._text.stopped:
+                self._ended = True
+                self.request.cancel()
+        for piece in pieces:
+            self._ready.extend(self._chunks(piece))
+
+    def cancel(self) -> None:
+        self.request.cancel()
+
+    def close(self) -> None:
+        """Stop and let go (from the iterating thread)."""
+        self.request.cancel()
+        self._ended = True
+        self._ready.clear()
+
+    def __del__(self) -> None:
+        if self._owns_request:
+            self.request.cancel()  # a stream dropped unread must not keep generating
 
 
 class Llama:
@@ -179,21 +247,13 @@ class Llama:
         finally:
             request.cancel()
 
-    def _completion_text(self, request: Request, stop: list[str]) -> Iterator[tuple[str, Step | None, str | None]]:
-        decoder = StreamDecoder(self.tokenizer, continuation=True)  # the text as generated, no clean-up
-        pending = ""
+    def _completion_text(self, request: Request, stop: list[str]) -> Iterator[Piece]:
+        text = _TextStream(self.tokenizer, stop)
         for step in request:
-            pending += decoder.feed(step.token)
-            hit = min((pending.find(s) for s in stop if s and s in pending), default=-1)
-            if hit >= 0:
-                yield pending[:hit], step, None
-                yield "", None, "stop"
+            yield from text.feed(step)
+            if text.stopped:
                 return
-            safe = len(pending) - _stop_prefix_suffix(pending, stop)
-            yield pending[:safe], step, None
-            pending = pending[safe:]
-        pending += decoder.flush()
-        yield pending, None, "length" if request.finish_reason == "length" else "stop"
+        yield from text.finish(request)
 
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
@@ -218,7 +278,6 @@ class Llama:
         prompt_text = self.detokenize(prompt_tokens).decode("utf-8", "replace") if echo else ""
         limit = self.n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
         request = self.submit(prompt_tokens, params, limit, logprobs)
-        events = self._run_completion(request, stops)
 
         def chunk(text: str, finish: str | None, lp: dict | None) -> dict[str, Any]:
             return {"id": completion_id, "object": "text_completion", "created": created, "model": model_name,
@@ -231,17 +290,15 @@ class Llama:
                     "top_logprobs": [step.top_logprobs]}
 
         if stream:
-            def streamer() -> Iterator[dict[str, Any]]:
-                if prompt_text:
-                    yield chunk(prompt_text, None, None)
-                for text, step, finish in events:
-                    if text or finish:
-                        yield chunk(text, finish, step_logprobs(step, text))
-            return CompletionStream(streamer(), request)
+            def chunks(piece: Piece) -> list[dict[str, Any]]:
+                text, step, finish = piece
+                return [chunk(text, finish, step_logprobs(step, text))] if text or finish else []
+            first = [chunk(prompt_text, None, None)] if prompt_text else []
+            return CompletionStream(request, _TextStream(self.tokenizer, stops), chunks, first)
 
         texts, tokens_lp, top_lp, finish = [], [], [], "stop"
         n_completion = 0
-        for text, step, reason in events:
+        for text, step, reason in self._run_completion(request, stops):
             texts.append(text)
             if step is not None:
                 n_completion += 1
@@ -283,7 +340,7 @@ class Llama:
                                         repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
                                         logprobs=(top_logprobs or 0) if logprobs else None, model=model)
         if isinstance(result, CompletionStream):
-            return CompletionStream(self._chat_stream(result), result.request)
+            return self._chat_stream(result)
         assert isinstance(result, dict)
         choice = result["choices"][0]
         return {"id": "chat" + result["id"], "object": "chat.completion", "created": result["created"],
@@ -301,19 +358,27 @@ class Llama:
         return self.tokenize(prompt.encode("utf-8"), add_bos=not has_bos, special=True)
 
     @staticmethod
-    def _chat_stream(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        first = True
-        for c in chunks:
-            base = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
-                    "model": c["model"]}
-            if first:
-                yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                            "finish_reason": None}]}
-                first = False
-            choice = c["choices"][0]
-            delta = {"content": choice["text"]} if choice["text"] else {}
-            yield {**base, "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"],
-                                        "finish_reason": choice["finish_reason"]}]}
+    def _chat_stream(completion: CompletionStream) -> CompletionStream:
+        """The completion's stream with its chunks as chat chunks, the assistant's role in a chunk first."""
+        completion_chunks = completion._chunks
+        state: dict[str, Any] = {"first": True}
+
+        def chunks(piece: Piece) -> list[dict[str, Any]]:
+            out = []
+            for c in completion_chunks(piece):
+                base = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
+                        "model": c["model"]}
+                if state["first"]:
+                    out.append({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
+                                                     "finish_reason": None}]})
+                    state["first"] = False
+                choice = c["choices"][0]
+                delta = {"content": choice["text"]} if choice["text"] else {}
+                out.append({**base, "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"],
+                                                 "finish_reason": choice["finish_reason"]}]})
+            return out
+        completion._owns_request = False
+        return CompletionStream(completion.request, completion._text, chunks, [])
 
     def reset(self) -> None:
         """Forget the cached prompts."""

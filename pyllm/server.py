@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal, TypeVar
@@ -294,9 +293,6 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> Fa
     return app
 
 
-_END = object()
-
-
 class _EventStream(StreamingResponse):
     """Server-sent events that cancel their generation however the response ends: finished, or the
     client gone (a failed write, or the disconnect that cancels the task): the engine frees the
@@ -317,36 +313,38 @@ class _EventStream(StreamingResponse):
 async def _sse(stream: CompletionStream, include_usage: bool, n_prompt: int) -> AsyncIterator[str]:
     """The events of a streamed completion: a chunk each, the usage chunk if asked, [DONE].
 
-    A thread of the stream's own iterates it (waiting on the engine) and hands each event, formatted, to the
-    event loop: one wake-up of the loop a token, where a worker-thread call per token cost several."""
+    The event loop takes the chunks as they are ready (stream.poll), woken by the engine's thread after each of
+    the request's events (Request.on_event): no thread of its own and no worker-thread call a token, whose
+    wake-ups cost the cores the model runs on."""
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
+    arrived = asyncio.Event()
 
-    def hand_over(item: object) -> None:
+    def wake() -> None:  # on the engine's thread
         try:
-            loop.call_soon_threadsafe(events.put_nowait, item)
+            loop.call_soon_threadsafe(arrived.set)
         except RuntimeError:  # the loop has closed (the server stopped): nobody is reading
             stream.cancel()
 
-    def relay() -> None:
-        last: dict[str, Any] | None = None
+    stream.request.on_event = wake
+    last: dict[str, Any] | None = None
+    while True:
         try:
-            for chunk in stream:
-                last = chunk
-                hand_over("data: " + json.dumps(chunk) + "\n\n")
+            chunks = stream.poll()
         except Exception as exc:  # noqa: BLE001 - reported in the stream; the status line is already sent
-            hand_over("data: " + json.dumps(_error_body(str(exc), "server_error", None, None)) + "\n\n")
-            hand_over(_END)
+            yield "data: " + json.dumps(_error_body(str(exc), "server_error", None, None)) + "\n\n"
             return
-        if include_usage and last is not None:
-            request = stream.request
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
-                     "total_tokens": n_prompt + request.n_generated,
-                     "prompt_tokens_details": {"cached_tokens": request.n_cached}}
-            hand_over("data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n")
-        hand_over("data: [DONE]\n\n")
-        hand_over(_END)
-
-    threading.Thread(target=relay, name="pyllm-sse", daemon=True).start()
-    while (event := await events.get()) is not _END:
-        yield event
+        if chunks is None:
+            break
+        if not chunks:
+            await arrived.wait()
+            arrived.clear()
+            continue
+        last = chunks[-1]
+        yield "".join("data: " + json.dumps(chunk) + "\n\n" for chunk in chunks)
+    if include_usage and last is not None:
+        request = stream.request
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
+                 "total_tokens": n_prompt + request.n_generated,
+                 "prompt_tokens_details": {"cached_tokens": request.n_cached}}
+        yield "data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n"
+    yield "data: [DONE]\n\n"
