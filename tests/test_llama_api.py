@@ -50,6 +50,31 @@ def test_stream_chunks_join_to_the_plain_answer(llm: Llama) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_polled_stream_gives_the_iterated_chunks(llm: Llama) -> None:
+    """poll() (an event loop's way to read a stream) takes the chunks ready now: [] before the engine has any,
+    None at the end, woken by Request.on_event; together the same chunks as iterating, a stop string's cut
+    included, and a chat stream's role chunk first."""
+    import threading
+
+    for kwargs in ({"prompt": "The capital of France is", "stop": ["."]}, {"prompt": "Once upon a time"}):
+        want = [c["choices"][0] for c in llm.create_completion(**kwargs, max_tokens=12, temperature=0, stream=True)]
+        stream = llm.create_completion(**kwargs, max_tokens=12, temperature=0, stream=True)
+        arrived = threading.Event()
+        stream.request.on_event = arrived.set
+        got: list = []
+        while (ready := stream.poll()) is not None:
+            if not ready:
+                assert arrived.wait(30), "no event came"
+                arrived.clear()
+            got += [c["choices"][0] for c in ready]
+        assert got == want
+    chat = llm.create_chat_completion([{"role": "user", "content": "Hi"}], temperature=0, max_tokens=3, stream=True)
+    chunks: list = []
+    while (ready := chat.poll()) is not None:
+        chunks += ready
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"} and chunks[-1]["choices"][0]["finish_reason"]
+
+
 def test_stop_strings_cut_the_text(llm: Llama) -> None:
     out = llm.create_completion("The capital of France is", max_tokens=8, temperature=0, stop=["."])
     assert out["choices"][0]["text"] == " Paris"
