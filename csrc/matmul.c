@@ -69,8 +69,9 @@ typedef struct {
     int64_t n_groups;
     act_rows *lone;        /* with a row kernel: X rows first_lone.. (those no group holds), prepared */
     int64_t first_lone;
-    int64_t chunk_rows;    /* weight rows handed out at a time (whole tiles) */
+    int64_t chunk_rows;    /* a prompt: weight rows handed out at a time (whole tiles) */
     atomic_llong next_chunk;
+    atomic_ullong *ranges; /* a decode step: each thread's tiles still to do, (first << 32) | end (decode_task) */
 } matmul_job;
 
 static inline void split_range(int64_t total, int ith, int nth, int64_t *begin, int64_t *end) {
@@ -173,9 +174,19 @@ static void dot_rows(const matmul_job *job, const pyllm_matrix *w, int64_t begin
     }
 }
 
-/* The weight rows (every weight's, one after another) go out in chunks of whole tiles, each to whichever
- * thread asks next: in a prompt, a thread the system holds up (another process, a busy server) costs its chunk,
- * not half the matmul. */
+/* Rows [begin, end) of those handed out: each weight's part of them. */
+static void dot_handed(const matmul_job *job, int64_t begin, int64_t end, uint8_t *wide, uint8_t *gathered) {
+    for (int i = 0; i < job->n_weights; ++i) {
+        const pyllm_matrix *w = &job->weights[i];
+        const int64_t first = begin > job->first[i] ? begin - job->first[i] : 0;
+        const int64_t last = end - job->first[i] < w->n ? end - job->first[i] : w->n;
+        if (first < last) dot_rows(job, w, first, last, wide, gathered);
+    }
+}
+
+/* A prompt: the weight rows (every weight's, one after another) go out in chunks of whole tiles, each to
+ * whichever thread asks next, so a thread the system holds up (another process, a busy server) costs its
+ * chunk, not half the matmul. */
 static void dot_task(void *arg, int ith, int nth) {
     (void)nth;
     matmul_job *job = arg;
@@ -184,12 +195,42 @@ static void dot_task(void *arg, int ith, int nth) {
     for (;;) {
         const int64_t begin = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed) * job->chunk_rows;
         if (begin >= job->n_handed) break;
-        const int64_t end = begin + job->chunk_rows;
-        for (int i = 0; i < job->n_weights; ++i) {  /* the chunk's part of each weight */
-            const pyllm_matrix *w = &job->weights[i];
-            const int64_t first = begin > job->first[i] ? begin - job->first[i] : 0;
-            const int64_t last = end - job->first[i] < w->n ? end - job->first[i] : w->n;
-            if (first < last) dot_rows(job, w, first, last, wide, gathered);
+        dot_handed(job, begin, begin + job->chunk_rows, wide, gathered);
+    }
+}
+
+/* Tiles a decode thread takes from the front of its own range at a time. */
+#define OWN_TILES 4
+
+/* Claims up to `want` tiles from the front (or, stealing, one from the back) of a range; how many (0: empty). */
+static int64_t claim(atomic_ullong *range, int64_t want, int from_back, int64_t *first) {
+    unsigned long long seen = atomic_load_explicit(range, memory_order_relaxed);
+    for (;;) {
+        const int64_t front = (int64_t)(seen >> 32), back = (int64_t)(seen & 0xFFFFFFFFu);
+        const int64_t n = back - front < want ? back - front : want;
+        if (n <= 0) return 0;
+        const unsigned long long next = from_back ? ((unsigned long long)front << 32) | (unsigned long long)(back - n)
+                                                  : ((unsigned long long)(front + n) << 32) | (unsigned long long)back;
+        if (atomic_compare_exchange_weak_explicit(range, &seen, next, memory_order_relaxed, memory_order_relaxed)) {
+            *first = from_back ? back - n : front;
+            return n;
+        }
+    }
+}
+
+/* A decode step: each thread streams one contiguous range of tiles (the prefetchers' longest run), taking it a
+ * few tiles at a time from the front; a thread done with its own takes the others' last tiles one by one from
+ * the back, so one the system holds up (a server's HTTP work on the same cores) is helped, not waited for. */
+static void decode_task(void *arg, int ith, int nth) {
+    matmul_job *job = arg;
+    uint8_t *gathered = job->gathered + ith * job->gathered_bytes;
+    int64_t first, n;
+    while ((n = claim(&job->ranges[ith], OWN_TILES, 0, &first)) > 0) {
+        dot_handed(job, first * ROW_TILE, (first + n) * ROW_TILE, NULL, gathered);
+    }
+    for (int other = (ith + 1) % nth; other != ith; other = (other + 1) % nth) {
+        while (claim(&job->ranges[other], 1, 1, &first) > 0) {
+            dot_handed(job, first * ROW_TILE, (first + 1) * ROW_TILE, NULL, gathered);
         }
     }
 }
@@ -306,12 +347,21 @@ int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, in
                         group_scratch + job.n_groups * group_bytes + i * row_bytes);
     }
     /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
-     * step (a few rows) streams W from memory: one contiguous range per thread, so each thread's stream is
-     * as long as it can be for the prefetchers (SmolLM2's decode at 2 threads: +15%, its 4-row step +6%). */
-    const int64_t chunks_per_thread = m < DECODE_ROWS ? 1 : 8;
-    const int64_t tiles = n_handed / ROW_TILE, tiles_per_chunk = tiles / (chunks_per_thread * n_threads);
+     * step (a few rows) streams W from memory: a contiguous range per thread (decode_task). */
+    const int64_t tiles = n_handed / ROW_TILE;
+    if (status != PYLLM_OK) return status;
+    if (m < DECODE_ROWS) {  /* no panels: fewer rows than one */
+        atomic_ullong ranges[PYLLM_MAX_THREADS];
+        for (int t = 0; t < n_threads; ++t) {
+            int64_t begin, end;
+            split_range(tiles, t, n_threads, &begin, &end);
+            atomic_init(&ranges[t], ((unsigned long long)begin << 32) | (unsigned long long)end);
+        }
+        job.ranges = ranges;
+        return pyllm_pool_run(n_threads, decode_task, &job);
+    }
+    const int64_t tiles_per_chunk = tiles / (8 * n_threads);
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);
-    if (status == PYLLM_OK) status = pyllm_pool_run(n_threads, dot_task, &job);
-    return status;
+    return pyllm_pool_run(n_threads, dot_task, &job);
 }
