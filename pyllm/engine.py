@@ -33,7 +33,7 @@ from .kvcache import KVCache
 from .metrics import Metrics
 from .model import ContextFullError, Model
 from .prefix_cache import PrefixCache
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingError, SamplingParams
 from .tokenizer import Tokenizer
 
 
@@ -158,6 +158,9 @@ class Engine:
             raise ValueError(f"prompt token id out of range [0, {n_vocab})")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+        if params.logit_bias and max(params.logit_bias) >= n_vocab:
+            raise SamplingError(f"logit_bias token {max(params.logit_bias)} is outside the vocabulary "
+                                f"(n_vocab={n_vocab})")
         request = Request(list(prompt), params, max_tokens, n_logprobs)
         with self._wake:
             if self._closed:
@@ -255,7 +258,13 @@ class Engine:
             if seq.pending:
                 seq.pending = seq.pending[len(chunk):]
             if logits is not None:
-                self._sample(seq, logits, now)
+                try:
+                    self._sample(seq, logits, now)
+                except Exception as exc:  # noqa: BLE001 - this request gets the error, the others go on
+                    self._active.remove(seq)
+                    self.prefix_cache.discard(seq.cache)
+                    self.metrics.sequences_active.set(len(self._active))
+                    seq.request._post(exc)
 
     def _sample(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
         request = seq.request

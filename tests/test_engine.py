@@ -147,6 +147,42 @@ def test_a_sliding_window_cache_that_moved_on_is_not_reused(tmp_path: Path) -> N
     assert n == 0
 
 
+def test_a_request_that_fails_to_sample_gets_the_error_and_the_others_go_on(model: Model, monkeypatch) -> None:
+    """A sampling failure (here forced for prompts starting [1, 93]) ends that request with the error; the engine
+    keeps serving the others, and a bias past the vocabulary is refused at submit."""
+    from pyllm import sampling
+
+    real = sampling.Sampler.sample
+
+    def sample(self, logits, history=()):
+        if list(history[:2]) == [1, 93]:
+            raise sampling.SamplingError("forced failure")
+        return real(self, logits, history)
+
+    monkeypatch.setattr(sampling.Sampler, "sample", sample)
+    engine = Engine(model, TinyTokenizer(), n_ctx=48, n_parallel=2)
+    doomed = engine.submit([1, 93, 3], GREEDY, 5)
+    fine = engine.submit(PROMPTS[1], GREEDY, 6)
+    outcome: dict[str, object] = {}
+
+    def consume() -> None:  # in a thread: a dead engine would leave these waiting for ever
+        try:
+            list(doomed)
+        except sampling.SamplingError as exc:
+            outcome["doomed"] = exc
+        outcome["fine"] = [s.token for s in fine]
+
+    waiter = threading.Thread(target=consume, daemon=True)
+    waiter.start()
+    waiter.join(timeout=60)
+    assert "forced failure" in str(outcome.get("doomed")) and "fine" in outcome, "the engine stopped serving"
+    tokens = outcome["fine"]
+    with pytest.raises(sampling.SamplingError, match="outside the vocabulary"):
+        engine.submit(PROMPTS[0], SamplingParams(temperature=0, logit_bias={10**6: 1.0}), 4)
+    assert generate(engine, PROMPTS[1], 6) == tokens
+    engine.close()
+
+
 def test_queue_limit_cancellation_and_context_shift(model: Model) -> None:
     engine = Engine(model, TinyTokenizer(), n_ctx=16, n_parallel=1, max_queued=1)
     running = engine.submit(PROMPTS[0], GREEDY, 40)          # 40 tokens in a 16-token context: shifts

@@ -125,6 +125,7 @@ def test_openai_client_errors(server: _Server, client: openai.OpenAI) -> None:
     ({"prompt": "hi", "max_tokens": N_CTX}, None, 400, "max_tokens"),
     ({"prompt": "hi", "top_k": -3}, None, 400, "top_k"),
     ({"prompt": "hi", "n": 2}, None, 400, "n"),
+    ({"prompt": "hi", "logit_bias": {"999999": 1}}, None, 400, "logit_bias"),  # past the vocabulary
     ({"prompt": "hi", "model": "nope"}, None, 404, "model"),
     ({"prompt": [N_CTX * 1000]}, None, 400, "prompt"),
     ({"prompt": [1] * (N_CTX + 5)}, None, 400, "prompt"),
