@@ -101,11 +101,15 @@ class Request:
         except queue.Empty:
             return None
 
-    def _post(self, event: object) -> None:
+    def _post(self, event: object, notify: bool = True) -> None:
         self._events.put(event)
-        notify = self.on_event
-        if notify is not None:
-            notify()
+        if notify:
+            self._notify()
+
+    def _notify(self) -> None:
+        on_event = self.on_event
+        if on_event is not None:
+            on_event()
 
 
 @dataclass
@@ -141,6 +145,8 @@ class Engine:
         self._active: list[_Sequence] = []
         self._wake = threading.Condition()
         self._closed = False
+        self._stepping = False                # inside _step: requests are told of their events at its end
+        self._told: dict[Request, None] = {}  # the requests to tell, in order
         self._thread = threading.Thread(target=self._run, name="pyllm-engine", daemon=True)
         self._thread.start()
 
@@ -229,7 +235,24 @@ class Engine:
         for seq in [s for s in self._active if s.request.cancelled]:
             self._finish(seq, "cancelled")
 
+    def _post(self, request: Request, event: object) -> None:
+        """Post an event; during a step its request hears of it when the step is done (so a listener on another
+        thread, the server's event loop, does not take the GIL while the step samples the other sequences)."""
+        request._post(event, notify=not self._stepping)
+        if self._stepping:
+            self._told[request] = None
+
     def _step(self) -> None:
+        self._stepping = True
+        try:
+            self._step_sequences()
+        finally:
+            self._stepping = False
+            told, self._told = self._told, {}
+            for request in told:
+                request._notify()
+
+    def _step_sequences(self) -> None:
         batch, members = [], []
         budget = self.prefill_chunk
         for seq in self._active:
@@ -250,7 +273,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - the requests get the error, the engine goes on
             for seq, _ in members:
                 self._active.remove(seq)
-                seq.request._post(exc)
+                self._post(seq.request, exc)
             return
         now = time.perf_counter()
         for (seq, chunk), logits in zip(members, results, strict=True):
@@ -264,7 +287,7 @@ class Engine:
                     self._active.remove(seq)
                     self.prefix_cache.discard(seq.cache)
                     self.metrics.sequences_active.set(len(self._active))
-                    seq.request._post(exc)
+                    self._post(seq.request, exc)
 
     def _sample(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
         request = seq.request
@@ -285,7 +308,7 @@ class Engine:
         seq.last_token_at = now
         request.n_generated += 1
         self.metrics.generation_tokens.inc()
-        request._post(step)
+        self._post(request, step)
         seq.history.append(token)
         seq.next_token = token
         if request.n_generated >= request.max_tokens:
@@ -311,4 +334,4 @@ class Engine:
     def _finish_request(self, request: Request, reason: str) -> None:
         request.finish_reason = reason
         self.metrics.requests_finished.inc(label=reason)
-        request._post(FINISHED)
+        self._post(request, FINISHED)
