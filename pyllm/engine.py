@@ -145,8 +145,7 @@ class Engine:
         self._active: list[_Sequence] = []
         self._wake = threading.Condition()
         self._closed = False
-        self._stepping = False                # inside _step: requests are told of their events at its end
-        self._told: dict[Request, None] = {}  # the requests to tell, in order
+        self._told: dict[Request, None] = {}  # the requests with events not yet told of (_tell), in order
         self._thread = threading.Thread(target=self._run, name="pyllm-engine", daemon=True)
         self._thread.start()
 
@@ -198,6 +197,8 @@ class Engine:
 
     def _run(self) -> None:
         while True:
+            if not self._active:
+                self._tell()  # nothing to compute: the last events go out now
             with self._wake:
                 while not self._closed and not self._waiting and not self._active:
                     self._wake.wait()
@@ -207,6 +208,7 @@ class Engine:
             self._drop_cancelled()
             if self._active:
                 self._step()
+        self._tell()
         error = EngineClosedError("the engine is shut down")
         for seq in self._active:
             seq.request._post(error)
@@ -236,23 +238,19 @@ class Engine:
             self._finish(seq, "cancelled")
 
     def _post(self, request: Request, event: object) -> None:
-        """Post an event; during a step its request hears of it when the step is done (so a listener on another
-        thread, the server's event loop, does not take the GIL while the step samples the other sequences)."""
-        request._post(event, notify=not self._stepping)
-        if self._stepping:
-            self._told[request] = None
+        """Post an event; its request hears of it (Request.on_event) at _tell: when the next step's batch is
+        ready to run, or when there is nothing to run. A listener on another thread (the server's event loop)
+        then takes the GIL while this thread computes, not while it samples the other sequences or builds
+        the next batch."""
+        request._post(event, notify=False)
+        self._told[request] = None
+
+    def _tell(self) -> None:
+        told, self._told = self._told, {}
+        for request in told:
+            request._notify()
 
     def _step(self) -> None:
-        self._stepping = True
-        try:
-            self._step_sequences()
-        finally:
-            self._stepping = False
-            told, self._told = self._told, {}
-            for request in told:
-                request._notify()
-
-    def _step_sequences(self) -> None:
         batch, members = [], []
         budget = self.prefill_chunk
         for seq in self._active:
@@ -268,6 +266,7 @@ class Engine:
                 chunk, mode = [seq.next_token], "last"
             batch.append((chunk, seq.cache, mode))
             members.append((seq, chunk))
+        self._tell()
         try:
             results = self.model.forward_batch(batch)
         except Exception as exc:  # noqa: BLE001 - the requests get the error, the engine goes on
