@@ -291,9 +291,10 @@ typedef float (*vec_dot_row_fn)(int64_t n, const void *w, const act_rows *row);
 
 /* One tile of an interleaved matrix (16 weight rows) against one or two activation rows, each laid out by
  * act_row_prepare for the interleaved type: out[r * stride + i] = vec_dot(n, weight row i, rows[r]) for i < 16
- * and r < n_rows, bit for bit (for scales that are not NaN). Block step b also prefetches a block's bytes at
- * prefetch + b * (the tile block's bytes), into L1, or with `next_tile` into L2: the caller points a pass that
- * reads the tile from memory a few blocks ahead of it, a later pass (the tile in cache) at the next tile. */
+ * and r < n_rows, bit for bit (for scales that are not NaN). Unless prefetch is NULL, block step b also asks
+ * for a block's bytes at prefetch + b * (the tile block's bytes): with `next_tile` into L2 (a later pass over a
+ * tile in cache, pointed at the next tile), otherwise into L1 (a pass reading the tile from memory, pointed a few
+ * blocks ahead of it; the Q8_0 kernel leaves that stream to the hardware). */
 typedef void (*x16_kernel_fn)(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
                               int64_t stride, const uint8_t *prefetch, int next_tile);
 extern const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT];  /* NULL off x86-64 */
