@@ -515,13 +515,14 @@ class GGUFFile:
         data = np.frombuffer(self._buffer(), np.uint8, info.n_bytes, info.offset)
         return data.reshape(info.n_rows, info.row_bytes)
 
-    def release(self, name: str) -> None:
-        """Done with tensor `name`'s bytes for now (a copy replaced them): its pages leave this process's
-        resident set; a later read of the tensor maps them in again from the file."""
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
+        """Done with tensor `name`'s bytes [start, stop) for now (a copy replaced them; default: all of them): the
+        pages wholly inside leave this process's resident set; a later read maps them in again from the file."""
         info = self._info(name)
+        stop = info.n_bytes if stop is None else min(stop, info.n_bytes)
         page = mmap.PAGESIZE
-        start = -(-info.offset // page) * page
-        end = (info.offset + info.n_bytes) // page * page
+        start = -(-(info.offset + start) // page) * page
+        end = (info.offset + stop) // page * page
         if end > start and hasattr(mmap, "MADV_DONTNEED"):
             self._buffer().madvise(mmap.MADV_DONTNEED, start, end - start)
 

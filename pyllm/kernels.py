@@ -144,15 +144,18 @@ def dequantize(data: np.ndarray, type_id: int) -> np.ndarray:
     return out
 
 
-def group_q5_0(data: np.ndarray) -> np.ndarray:
-    """A Q5_0 matrix (n_rows, row_bytes) as a new array in the Q5_0_G8 layout: each row's blocks eight at a
-    time (scales together, fifth bits transposed), the same values and the same matmul bits, fewer
-    instructions a block for the kernels."""
+def group_q5_0(data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A Q5_0 matrix (n_rows, row_bytes) in the Q5_0_G8 layout: each row's blocks eight at a time (scales
+    together, fifth bits transposed), the same values and the same matmul bits, fewer instructions a block for
+    the kernels. Into `out` (the same shape, contiguous), or a new array."""
     raw = _as_bytes(data)
     _, type_size = _traits(GGMLType.Q5_0)
     if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size:
         raise KernelError(f"a Q5_0 matrix is (n_rows, row_bytes) whole blocks of {type_size} bytes; got {raw.shape}")
-    out = np.empty(raw.shape, dtype=np.uint8)
+    if out is None:
+        out = np.empty(raw.shape, dtype=np.uint8)
+    elif out.shape != raw.shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise KernelError(f"out must be a contiguous uint8 array of shape {raw.shape}")
     n = raw.shape[1] // type_size * 32
     _check(lib.pyllm_group_q5_0(ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n), "group Q5_0")
     return out
@@ -164,18 +167,27 @@ def interleaved_type(type_id: int) -> GGMLType | None:
     return GGMLType(interleaved) if interleaved >= 0 else None
 
 
-def interleave(data: np.ndarray, type_id: int) -> np.ndarray:
-    """A Q4_1 / Q8_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, as a new 64-byte-aligned array in its
-    interleaved layout (the type interleaved_type names): 16 rows a tile, their quants side by side 4 bytes at
-    a time, the same values and the same matmul bits, for kernels that hold 16 weight rows in a vector."""
+def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
+    """An uninitialised uint8 array whose data starts on a 64-byte line."""
+    buffer = np.empty(shape[0] * shape[1] + 64, dtype=np.uint8)
+    start = -buffer.ctypes.data % 64
+    return buffer[start:start + shape[0] * shape[1]].reshape(shape)
+
+
+def interleave(data: np.ndarray, type_id: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A Q4_1 / Q8_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, in its interleaved layout (the type
+    interleaved_type names): 16 rows a tile, their quants side by side 4 bytes at a time, the same values and the
+    same matmul bits, for kernels that hold 16 weight rows in a vector. Into `out` (the same shape, contiguous),
+    or a new 64-byte-aligned array. Each tile keeps its rows' bytes, so a matrix can go a slice of tiles at a time."""
     raw = _as_bytes(data)
     _, type_size = _traits(type_id)
     if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size or raw.shape[0] % 16:
         raise KernelError(f"an interleaved matrix is (16 k, row_bytes) whole blocks of {type_size} bytes; "
                           f"got {raw.shape}")
-    buffer = np.empty(raw.size + 64, dtype=np.uint8)
-    start = -buffer.ctypes.data % 64
-    out = buffer[start:start + raw.size].reshape(raw.shape)
+    if out is None:
+        out = aligned_empty(raw.shape)
+    elif out.shape != raw.shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise KernelError(f"out must be a contiguous uint8 array of shape {raw.shape}")
     n = raw.shape[1] // type_size * 32
     _check(lib.pyllm_interleave(int(type_id), ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n),
            f"interleave {type_name(type_id)}")

@@ -659,5 +659,7 @@ def test_released_tensors_read_back_the_same(tmp_path: Path) -> None:
         assert before["blk.0.ffn_up.weight"].nbytes > 4 * 4096
         for name in names:
             f.release(name)
+        f.release("blk.0.ffn_up.weight", 5000, 3 * 4096 + 17)  # a part: the pages wholly inside it
+        f.release("blk.0.ffn_up.weight", 3 * 4096, 10**9)      # to past the end: clipped to the tensor
         for name in names:
             np.testing.assert_array_equal(f.raw(name), before[name])
