@@ -336,13 +336,7 @@ static void rope_head_avx2(float *head, const float *cos_sin, int64_t n_rot, int
             _mm256_storeu_ps(head + 2 * i, _mm256_fmadd_ps(x_a, cs, _mm256_xor_ps(_mm256_mul_ps(x_b, sc), negate_even)));
         }
     }
-    for (; i < half; ++i) {
-        const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float x0 = head[a], x1 = head[b];
-        head[a] = fmaf(x0, c, -(x1 * s));
-        head[b] = fmaf(x0, s, x1 * c);
-    }
+    rope_head_pairs(head, cos_sin, i, n_rot, neox);
 }
 
 /* Two passes: the maximum 8 lanes at a time (max_ps keeps the running maximum where x is NaN, which a separate

@@ -36,6 +36,7 @@
 #define PYLLM_QUANTS_H
 
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -379,6 +380,18 @@ void quantize_row_q8_K_ref(const float *x, void *blocks, int64_t n);
 /* Reference dequantizers and quantizers (quants.c) */
 extern const dequantize_row_fn dequantize_table[PYLLM_TYPE_COUNT];
 extern const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT];
+
+/* op_kernels' rope_head on pairs i0..n_rot/2 - 1, one by one: the generic kernel, and a SIMD one's last pairs. */
+static inline void rope_head_pairs(float *head, const float *cos_sin, int64_t i0, int64_t n_rot, int neox) {
+    const int64_t half = n_rot / 2;
+    for (int64_t i = i0; i < half; ++i) {
+        const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = head[a], x1 = head[b];
+        head[a] = fmaf(x0, c, -(x1 * s));
+        head[b] = fmaf(x0, s, x1 * c);
+    }
+}
 
 /* The fixed final reductions shared by every tier. */
 static inline float reduce_lanes8(const float acc[8]) {

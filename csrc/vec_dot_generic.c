@@ -378,14 +378,7 @@ static void to_half_generic(const float *x, fp16_t *y, int64_t n) {
 }
 
 static void rope_head_generic(float *head, const float *cos_sin, int64_t n_rot, int neox) {
-    const int64_t half = n_rot / 2;
-    for (int64_t i = 0; i < half; ++i) {
-        const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float x0 = head[a], x1 = head[b];
-        head[a] = fmaf(x0, c, -(x1 * s));
-        head[b] = fmaf(x0, s, x1 * c);
-    }
+    rope_head_pairs(head, cos_sin, 0, n_rot, neox);
 }
 
 static int64_t argmax_generic(const float *x, int64_t n, int *nan) {
