@@ -107,13 +107,14 @@ static const uint8_t *weight_row(const matmul_job *job, const pyllm_matrix *w, i
     return gathered;
 }
 
-/* W's output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once
- * into wide (the thread's), then each panel against them two at a time (an odd last one paired with itself). */
-static void dot_panels(const matmul_job *job, const pyllm_matrix *w, int64_t tile, int64_t tile_end, uint8_t *wide,
-                       uint8_t *gathered) {
+/* W's output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows (a plain W: an interleaved one
+ * goes to its tile kernel): the weight rows unpacked once into wide (the thread's), then each panel against them two
+ * at a time (an odd last one paired with itself). */
+static void dot_panels(const matmul_job *job, const pyllm_matrix *w, int64_t tile, int64_t tile_end, uint8_t *wide) {
     wide_row rows[ROW_TILE];
     for (int64_t c = tile; c < tile_end; ++c) {
-        job->wide_unpack(weight_row(job, w, c, gathered), job->k, wide + (c - tile) * job->wide_row_bytes, &rows[c - tile]);
+        job->wide_unpack((const uint8_t *)w->data + c * job->w_row_bytes, job->k, wide + (c - tile) * job->wide_row_bytes,
+                         &rows[c - tile]);
     }
     for (int64_t p = 0; p < job->n_panels; ++p) {
         for (int64_t c = tile; c < tile_end; c += 2) {
@@ -157,7 +158,7 @@ static void dot_rows(const matmul_job *job, const pyllm_matrix *w, int64_t begin
     const uint8_t *data = w->data;
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        if (job->n_panels > 0) dot_panels(job, w, tile, tile_end, wide, gathered);
+        if (job->n_panels > 0) dot_panels(job, w, tile, tile_end, wide);
         if (job->tile_kernel != NULL) {
             dot_tile(job, w, tile);
             continue;
@@ -327,7 +328,7 @@ int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, in
      * act_rows headers, then the X rows in the activation format */
     const int64_t panel_bytes = job.n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
     job.wide_row_bytes = job.n_panels > 0 ? wide_row_scratch_bytes(type, k) : 0;
-    job.gathered_bytes = interleaved ? (job.w_row_bytes + 63) / 64 * 64 : 0;
+    job.gathered_bytes = interleaved && job.tile_kernel == NULL ? (job.w_row_bytes + 63) / 64 * 64 : 0;
     const int64_t panels_bytes = job.n_panels * panel_bytes, wide_bytes = n_threads * ROW_TILE * job.wide_row_bytes;
     const int64_t gathered_bytes = n_threads * job.gathered_bytes;
     const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(w_type, k);

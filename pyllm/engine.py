@@ -59,8 +59,9 @@ FINISHED = object()  # the last event of a request (Request.next_event)
 
 class Request:
     """A submitted generation: iterate it for its Steps (or take its events with next_event). Thread-safe to
-    cancel from anywhere. `on_event`, when set, is called on the engine's thread after each event it posts
-    (an event loop's wake-up: see pyllm/server.py)."""
+    cancel from anywhere. `on_event`, when set, is called on the engine's thread once events it posted can be
+    read (after a step's sampling, when the next step is about to run; an event loop's wake-up: see
+    pyllm/server.py); iterating needs no such call."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None) -> None:
         self.prompt = prompt
@@ -271,8 +272,7 @@ class Engine:
             results = self.model.forward_batch(batch)
         except Exception as exc:  # noqa: BLE001 - the requests get the error, the engine goes on
             for seq, _ in members:
-                self._active.remove(seq)
-                self._post(seq.request, exc)
+                self._fail(seq, exc)
             return
         now = time.perf_counter()
         for (seq, chunk), logits in zip(members, results, strict=True):
@@ -283,10 +283,7 @@ class Engine:
                 try:
                     self._sample(seq, logits, now)
                 except Exception as exc:  # noqa: BLE001 - this request gets the error, the others go on
-                    self._active.remove(seq)
-                    self.prefix_cache.discard(seq.cache)
-                    self.metrics.sequences_active.set(len(self._active))
-                    self._post(seq.request, exc)
+                    self._fail(seq, exc)
 
     def _sample(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
         request = seq.request
@@ -320,6 +317,13 @@ class Engine:
         seq.cache.shift(n_keep, n_discard)
         seq.fed = seq.fed[:n_keep] + seq.fed[n_keep + n_discard:]
         seq.shifted = True  # keys were re-rotated: not what a fresh prompt computes, so not for reuse
+
+    def _fail(self, seq: _Sequence, exc: BaseException) -> None:
+        """End a sequence with an error: its request gets it, its cache (whatever it holds) is emptied for reuse."""
+        self._active.remove(seq)
+        self.metrics.sequences_active.set(len(self._active))
+        self.prefix_cache.discard(seq.cache)
+        self._post(seq.request, exc)
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
         self._active.remove(seq)
