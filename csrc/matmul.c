@@ -350,7 +350,7 @@ int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, in
     job.lone_scratch = group_scratch + job.n_groups * group_bytes;
     job.lone_bytes = row_bytes;
 
-    const int quantize_threads = m < DECODE_ROWS ? 1 : (m < n_threads ? (int)m : n_threads);  /* decode: here */
+    const int quantize_threads = m < DECODE_ROWS ? 1 : (m < n_threads ? (int)m : n_threads);
     int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
     if (status == PYLLM_OK && job.n_panels > 0) {
         status = pyllm_pool_run(job.n_panels < n_threads ? (int)job.n_panels : n_threads, panel_task, &job);

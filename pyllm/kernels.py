@@ -144,18 +144,25 @@ def dequantize(data: np.ndarray, type_id: int) -> np.ndarray:
     return out
 
 
+def _out_like(raw: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The array a layout conversion of raw writes: `out` once checked (contiguous uint8 of raw's shape), or a new
+    64-byte-aligned one."""
+    if out is None:
+        return aligned_empty(raw.shape)
+    if out.shape != raw.shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise KernelError(f"out must be a contiguous uint8 array of shape {raw.shape}")
+    return out
+
+
 def group_q5_0(data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """A Q5_0 matrix (n_rows, row_bytes) in the Q5_0_G8 layout: each row's blocks eight at a time (scales
     together, fifth bits transposed), the same values and the same matmul bits, fewer instructions a block for
-    the kernels. Into `out` (the same shape, contiguous), or a new array."""
+    the kernels. Into `out` (the same shape, contiguous), or a new 64-byte-aligned array."""
     raw = _as_bytes(data)
     _, type_size = _traits(GGMLType.Q5_0)
     if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size:
         raise KernelError(f"a Q5_0 matrix is (n_rows, row_bytes) whole blocks of {type_size} bytes; got {raw.shape}")
-    if out is None:
-        out = np.empty(raw.shape, dtype=np.uint8)
-    elif out.shape != raw.shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
-        raise KernelError(f"out must be a contiguous uint8 array of shape {raw.shape}")
+    out = _out_like(raw, out)
     n = raw.shape[1] // type_size * 32
     _check(lib.pyllm_group_q5_0(ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n), "group Q5_0")
     return out
@@ -184,10 +191,7 @@ def interleave(data: np.ndarray, type_id: int, out: np.ndarray | None = None) ->
     if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size or raw.shape[0] % 16:
         raise KernelError(f"an interleaved matrix is (16 k, row_bytes) whole blocks of {type_size} bytes; "
                           f"got {raw.shape}")
-    if out is None:
-        out = aligned_empty(raw.shape)
-    elif out.shape != raw.shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
-        raise KernelError(f"out must be a contiguous uint8 array of shape {raw.shape}")
+    out = _out_like(raw, out)
     n = raw.shape[1] // type_size * 32
     _check(lib.pyllm_interleave(int(type_id), ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n),
            f"interleave {type_name(type_id)}")

@@ -61,7 +61,7 @@ class PrefixCache:
     def new_cache(self) -> KVCache:
         """An empty cache: a spare one, or a new one."""
         with self._lock:
-            return self._take_spare() or self.model.new_cache(self.n_ctx, self.max_batch)
+            return self._spare_or_new()
 
     def discard(self, cache: KVCache) -> None:
         """A cache the caller is done with and that holds nothing to reuse: kept empty as a spare."""
@@ -70,6 +70,9 @@ class PrefixCache:
 
     def _take_spare(self) -> KVCache | None:
         return self._spare.pop() if self._spare else None
+
+    def _spare_or_new(self) -> KVCache:
+        return self._take_spare() or self.model.new_cache(self.n_ctx, self.max_batch)
 
     def _retire(self, cache: KVCache) -> None:
         if len(self._spare) < self.max_spare:
@@ -100,7 +103,7 @@ class PrefixCache:
                 if n > best_n:
                     best, best_n = entry, n
             if best is None:
-                return self._take_spare() or self.model.new_cache(self.n_ctx, self.max_batch), 0
+                return self._spare_or_new(), 0
             self._clock += 1
             best.last_used = self._clock
             if best_n == len(best.tokens):       # the whole entry continues into this prompt: take it

@@ -177,6 +177,16 @@ def _smallest(key: np.ndarray, m: int) -> np.ndarray:
     return sel[np.lexsort((sel, key[sel]))]
 
 
+def _check_top(top: float) -> None:
+    """The largest (biased, penalised) logit must be a number a token can be drawn at."""
+    if np.isnan(top):
+        raise SamplingError("logits contain NaN")
+    if top == np.inf:
+        raise SamplingError("logits contain +inf")
+    if top == -np.inf:
+        raise SamplingError("no token can be sampled: every logit is -inf (all banned)")
+
+
 def _is_float32_row(a: object) -> bool:
     return (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.shape[0] > 0
             and a.flags.c_contiguous)
@@ -297,6 +307,9 @@ class Sampler:
         bias = self.params.logit_bias or {}
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        # the greedy path's C arguments, made once: its bias, and where the C call puts the id and the NaN flag
+        self._bias_c = (ffi.from_buffer("int64_t[]", self._bias_ids), ffi.from_buffer("float[]", self._bias_vals))
+        self._found, self._nan = ffi.new("int64_t *"), ffi.new("int *")
         self._buf: np.ndarray | None = None
 
     def reseed(self, seed: int | None) -> None:
@@ -322,24 +335,18 @@ class Sampler:
         largest entry, with _prepare's checks. A server's engine samples every sequence each step on the
         thread that runs the model, where each of _prepare's numpy calls let other threads take the GIL."""
         n = logits.shape[0]
+        self._check_bias_ids(n)
+        scratch = self._work_buffer(logits)
+        lib.pyllm_argmax(ffi.from_buffer("float[]", logits), n, *self._bias_c, self._bias_ids.size,
+                         ffi.from_buffer("float[]", scratch), self._found, self._nan)
+        token = int(self._found[0])
+        _check_top(np.nan if self._nan[0] else scratch[token] if self._bias_ids.size else logits[token])
+        return token
+
+    def _check_bias_ids(self, n: int) -> None:
         if self._bias_ids.size and int(self._bias_ids.max()) >= n:
             bad = int(self._bias_ids[self._bias_ids >= n][0])
             raise SamplingError(f"logit_bias token {bad} is outside the vocabulary (n_vocab={n})")
-        scratch = self._work_buffer(logits)
-        found = ffi.new("int64_t *")
-        nan = ffi.new("int *")
-        lib.pyllm_argmax(ffi.from_buffer("float[]", logits), n, ffi.from_buffer("int64_t[]", self._bias_ids),
-                         ffi.from_buffer("float[]", self._bias_vals), self._bias_ids.size,
-                         ffi.from_buffer("float[]", scratch), found, nan)
-        if nan[0]:
-            raise SamplingError("logits contain NaN")
-        token = int(found[0])
-        top = scratch[token] if self._bias_ids.size else logits[token]
-        if top == np.inf:
-            raise SamplingError("logits contain +inf")
-        if top == -np.inf:
-            raise SamplingError("no token can be sampled: every logit is -inf (all banned)")
-        return token
 
     def process(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The logits the final draw sees, before temperature, as a new float32 ``(n_vocab,)`` array.
@@ -382,23 +389,15 @@ class Sampler:
             x = out
             np.copyto(x, a, casting="same_kind")
 
+        self._check_bias_ids(n)
         if self._bias_ids.size:
-            if int(self._bias_ids.max()) >= n:
-                bad = int(self._bias_ids[self._bias_ids >= n][0])
-                raise SamplingError(f"logit_bias token {bad} is outside the vocabulary (n_vocab={n})")
             x[self._bias_ids] += self._bias_vals
 
         p = self.params
         if p.has_penalties:
             self._apply_penalties(x, history)
 
-        top = x.max()
-        if np.isnan(top):
-            raise SamplingError("logits contain NaN")
-        if top == np.inf:
-            raise SamplingError("logits contain +inf")
-        if top == -np.inf:
-            raise SamplingError("no token can be sampled: every logit is -inf (all banned)")
+        _check_top(x.max())
         return x
 
     def _apply_penalties(self, x: np.ndarray, history: Sequence[int]) -> None:
