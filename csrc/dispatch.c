@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "scratch.h"
 
 typedef struct {
     const char *name;
@@ -241,7 +242,7 @@ int pyllm_dequantize_rows(int type, const void *w, int64_t n_rows, int64_t n, co
         if (rows[i] < 0 || rows[i] >= n_rows) return PYLLM_ERR_SHAPE;
     }
     const int64_t row_bytes = n / traits[type].block_size * traits[type].type_size;
-    uint8_t *gathered = base >= 0 ? malloc((size_t)row_bytes) : NULL;
+    uint8_t *gathered = base >= 0 ? pyllm_scratch(SCRATCH_ROW, (size_t)row_bytes) : NULL;  /* each decode step's embedding */
     if (base >= 0 && gathered == NULL) return PYLLM_ERR_NOMEM;
     for (int64_t i = 0; i < m; ++i) {
         const uint8_t *row = (const uint8_t *)w + rows[i] * row_bytes;
@@ -251,7 +252,6 @@ int pyllm_dequantize_rows(int type, const void *w, int64_t n_rows, int64_t n, co
         }
         dequantize_table[plain](row, out + i * n, n);
     }
-    free(gathered);
     return PYLLM_OK;
 }
 
