@@ -206,6 +206,10 @@ const prompt_attention_kernels *pyllm_prompt_attention_kernels(int tier) {
     return tier >= PYLLM_TIER_AVX512 && prompt_attention_avx512.dots_t != NULL ? &prompt_attention_avx512 : NULL;
 }
 
+const head_group_kernels *pyllm_head_group_kernels(int tier) {
+    return tier >= PYLLM_TIER_AVX512 && head_group_avx512.dots_heads != NULL ? &head_group_avx512 : NULL;
+}
+
 const op_kernels *pyllm_op_kernels(int tier) {
     if (tier >= PYLLM_TIER_AVX2 && op_kernels_avx2.dots != NULL) return &op_kernels_avx2;
     return &op_kernels_generic;

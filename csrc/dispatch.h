@@ -33,6 +33,8 @@ const op_kernels *pyllm_op_kernels(int tier);
 
 /* The prompt attention kernels of `tier`, or NULL (then each query row on its own with op_kernels). */
 const prompt_attention_kernels *pyllm_prompt_attention_kernels(int tier);
+/* The decode kernels for the heads sharing a kv head of `tier`, or NULL (then head by head with op_kernels). */
+const head_group_kernels *pyllm_head_group_kernels(int tier);
 
 /* Bytes of one activation row of n elements for weight_type. */
 int64_t pyllm_activation_row_bytes(int weight_type, int64_t n);

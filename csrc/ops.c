@@ -131,7 +131,11 @@ typedef struct {
     float *out;                /* (m, n_head, d) */
     const op_kernels *kernels;
     const prompt_attention_kernels *prompt;  /* non-NULL: the rows go in blocks (attend_block) */
+    const head_group_kernels *group;         /* non-NULL: a row's heads of a kv head together (attend_heads) */
+    int64_t heads_per_item;                  /* rows alone: the heads of a kv head one item takes */
 } attention_job;
+
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
     const int32_t kp = job->kpos[t];
@@ -139,50 +143,83 @@ static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
 }
 
 /*
- * One (query row, head), in the arithmetic of llama.cpp's CPU attention for a prompt batch (so a prompt's
- * numbers are llama.cpp's): the query rounded to half precision; q.k in 8 lanes (slot mod 8); scaled;
- * softmax with exp_ggml, the exponentials summed in double by groups of 8 slots, 1 / sum in double; the
- * weights rounded to half precision; the weighted sum of the values in 8 lanes by slot mod 8 (see
- * op_kernels in quants.h).
+ * Query row r's heads h0 .. h0 + n_heads - 1, all of one kv head, in the arithmetic of llama.cpp's CPU attention
+ * for a prompt batch (so a prompt's numbers are llama.cpp's), each head on its own: the query rounded to half
+ * precision; q.k in 8 lanes (slot mod 8); scaled; softmax with exp_ggml, the exponentials summed in double by
+ * groups of 8 slots, 1 / sum in double; the weights rounded to half precision; the weighted sum of the values in
+ * 8 lanes by slot mod 8 (see op_kernels in quants.h). With head_group_kernels the heads read each key and value
+ * once. scratch: attend_heads_floats.
  */
-static void attend_one(const attention_job *job, int64_t r, int64_t h, float *scratch) {
-    const int64_t d = job->d, n_kv = job->n_kv, group = job->n_head / job->n_head_kv, hk = h / group;
-    float *scores = scratch, *q = scratch + n_kv;
-    fp16_t *q_half = (fp16_t *)(q + d);
-    const float *q32 = job->q + (r * job->n_head + h) * d;
-    float *out = job->out + (r * job->n_head + h) * d;
-    job->kernels->to_half(q32, q_half, d);
-    for (int64_t i = 0; i < d; ++i) q[i] = fp16_lookup(q_half[i]);  /* the tables are filled: kernels came from dispatch */
+static void attend_heads(const attention_job *job, int64_t r, int64_t h0, int64_t n_heads, float *scratch) {
+    const int64_t d = job->d, n_kv = job->n_kv, hk = h0 / (job->n_head / job->n_head_kv);
+    float *scores = scratch, *max = scores + n_heads * n_kv, *q = max + n_heads;  /* (n_heads, n_kv), (n_heads,), (n_heads, d) */
+    fp16_t *q_half = (fp16_t *)(q + n_heads * d);
+    const float *q32 = job->q + (r * job->n_head + h0) * d;
+    float *out = job->out + (r * job->n_head + h0) * d;  /* (n_heads, d) */
+    job->kernels->to_half(q32, q_half, n_heads * d);
+    for (int64_t i = 0; i < n_heads * d; ++i) q[i] = fp16_lookup(q_half[i]);  /* the tables are filled: kernels came from dispatch */
+    for (int64_t h = 0; h < n_heads; ++h) max[h] = -INFINITY;
     const int32_t qp = job->qpos[r];
-    float max = -INFINITY;
     const int64_t stride = job->n_head_kv * d;
+    const fp16_t *k = job->k + hk * d, *v = job->v + hk * d;
+    const head_group_kernels *group = job->group;
     int64_t first = n_kv, last = -1;  /* the visible slots' span */
     for (int64_t t = 0; t < n_kv;) {
         if (!key_visible(job, t, qp)) {
-            scores[t++] = -INFINITY;
+            for (int64_t h = 0; h < n_heads; ++h) scores[h * n_kv + t] = -INFINITY;
+            ++t;
             continue;
         }
         int64_t end = t + 1;  /* a run of visible slots: their dot products in one call */
         while (end < n_kv && key_visible(job, end, qp)) ++end;
         first = t < first ? t : first;
         last = end - 1;
-        job->kernels->dots(q, job->k + t * stride + hk * d, stride, end - t, d, scores + t);
-        for (; t < end; ++t) {
-            float s = scores[t] * job->scale;
-            if (job->softcap > 0.0f) s = job->softcap * tanhf(s / job->softcap);
-            scores[t] = s;
-            max = s > max ? s : max;
+        if (group != NULL) {
+            group->dots_heads(q, n_heads, k + t * stride, stride, end - t, d, scores + t, n_kv);
+        } else {
+            for (int64_t h = 0; h < n_heads; ++h) job->kernels->dots(q + h * d, k + t * stride, stride, end - t, d, scores + h * n_kv + t);
         }
-    }
-    if (max == -INFINITY) {  /* no visible key */
-        for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
-        return;
+        const float scale = job->scale, softcap = job->softcap;
+        for (int64_t h = 0; h < n_heads; ++h) {
+            float *s = scores + h * n_kv, largest = max[h];
+            if (softcap > 0.0f) {
+                for (int64_t j = t; j < end; ++j) {
+                    s[j] = softcap * tanhf(s[j] * scale / softcap);
+                    largest = s[j] > largest ? s[j] : largest;
+                }
+            } else {
+                const float run_max = job->kernels->scale_max(s + t, end - t, scale);
+                largest = run_max > largest ? run_max : largest;
+            }
+            max[h] = largest;
+        }
+        t = end;
     }
     /* whole groups of 8 slots with no visible key add nothing (exp of a masked score is 0): the span from
      * the group of the first visible slot to the last visible slot gives the same bits */
     const int64_t begin = first / 8 * 8, span = last + 1 - begin;
-    job->kernels->softmax_half(scores + begin, span, max);
-    job->kernels->weighted_sum(scores + begin, job->v + begin * stride + hk * d, stride, span, d, out);
+    int all_seen = 1;  /* every head has a largest score above -inf */
+    for (int64_t h = 0; h < n_heads; ++h) {
+        if (max[h] == -INFINITY) {  /* no visible key */
+            for (int64_t i = 0; i < d; ++i) out[h * d + i] = 0.0f;
+            all_seen = 0;
+            continue;
+        }
+        job->kernels->softmax_half(scores + h * n_kv + begin, span, max[h]);
+    }
+    if (group != NULL && all_seen) {
+        group->weighted_sum_heads(scores + begin, n_kv, n_heads, v + begin * stride, stride, span, d, out);
+        return;
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+        if (max[h] == -INFINITY) continue;  /* zeroed above */
+        job->kernels->weighted_sum(scores + h * n_kv + begin, v + begin * stride, stride, span, d, out + h * d);
+    }
+}
+
+/* Floats of attend_heads' scratch for n_heads heads of a row: scores, maxima, the queries, the queries in halves. */
+static int64_t attend_heads_floats(int64_t n_heads, int64_t n_kv, int64_t d) {
+    return round16(n_heads * (n_kv + 1 + d) + (n_heads * d + 1) / 2);
 }
 
 /* A prompt's queries go QUERY_BLOCK rows at a time against one kv head (attend_block) where the tier has
@@ -190,8 +227,6 @@ static void attend_one(const attention_job *job, int64_t r, int64_t h, float *sc
  * BLOCK_KV_FLOATS each. */
 #define QUERY_BLOCK 16
 #define BLOCK_KV_FLOATS (1 << 21)
-
-static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* One query row's visible slots among [t0, t1): the first and the last (last < first: none), searched from
  * both ends. */
@@ -213,7 +248,7 @@ static int64_t span_floats(int64_t group) {
     return round16(QUERY_BLOCK * group * (int64_t)(sizeof(pair_span) / sizeof(float)));
 }
 
-/* Query rows r0..r1 - 1 of every head of kv head hk, attend_one's arithmetic step for step: the keys and values
+/* Query rows r0..r1 - 1 of every head of kv head hk, attend_heads' arithmetic step for step: the keys and values
  * of the slots any of the rows sees converted to float once (kt, vf); the dot products a 16-key block at a time
  * for every (row, head) pair, then each pair's scaling and softmax, then the weighted sums a 16-dimension chunk
  * at a time for every pair (so the block or chunk stays in L1 while the pairs read it). scratch: 64-byte
@@ -261,7 +296,7 @@ static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64
             for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
             continue;
         }
-        const int64_t begin = spans[p].first / 8 * 8;  /* as attend_one: from the group of the first visible slot */
+        const int64_t begin = spans[p].first / 8 * 8;  /* as attend_heads: from the group of the first visible slot */
         float max = -INFINITY;
         for (int64_t t = begin; t <= spans[p].last; ++t) {
             float score = -INFINITY;
@@ -293,8 +328,16 @@ static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
 }
 
 /* A job's items: its (row, head) pairs, or with prompt kernels its (query block, kv head) pairs. */
+/* A row's items a kv head: its heads in runs of heads_per_item (the last run may be shorter). */
+static int64_t head_runs(const attention_job *job) {
+    return (job->n_head / job->n_head_kv + job->heads_per_item - 1) / job->heads_per_item;
+}
+
+/* A job's items: its (row, kv head, run of heads) triples, or with prompt kernels its (query block, kv head)
+ * pairs. */
 static int64_t job_items(const attention_job *job) {
-    return job->prompt != NULL ? (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK * job->n_head_kv : job->m * job->n_head;
+    return job->prompt != NULL ? (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK * job->n_head_kv
+                               : job->m * job->n_head_kv * head_runs(job);
 }
 
 /* Several attention calls (a batch's sequences) in one task: their items numbered in order and taken one
@@ -302,7 +345,7 @@ static int64_t job_items(const attention_job *job) {
 typedef struct {
     const attention_job *jobs;
     int n_jobs;
-    float *scratch;            /* per thread: scratch_floats (attend_one's or attend_block's) */
+    float *scratch;            /* per thread: scratch_floats (attend_heads' or attend_block's) */
     int64_t scratch_floats;
     atomic_llong next_item;
 } attention_batch;
@@ -322,7 +365,11 @@ static void attention_task(void *arg, int ith, int nth) {
         if (j == batch->n_jobs) return;
         const attention_job *job = &batch->jobs[j];
         if (job->prompt == NULL) {
-            attend_one(job, (item - base) / job->n_head, (item - base) % job->n_head, scratch);
+            const int64_t runs = head_runs(job), per_row = job->n_head_kv * runs, i = item - base;
+            const int64_t hk = i % per_row / runs, run = i % runs, group = job->n_head / job->n_head_kv;
+            const int64_t h0 = hk * group + run * job->heads_per_item;
+            attend_heads(job, i / per_row, h0, group - h0 % group < job->heads_per_item ? group - h0 % group
+                                                                                       : job->heads_per_item, scratch);
             continue;
         }
         /* the last query blocks (the most keys, under a causal mask) first, so the threads end together */
@@ -340,23 +387,39 @@ int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
     attention_job *jobs = malloc((size_t)n_calls * sizeof(attention_job));
     if (jobs == NULL) return PYLLM_ERR_NOMEM;
-    int64_t work = 0, scratch_floats = 0;
+    const int tier = pyllm_active_tier();
+    const prompt_attention_kernels *prompt = pyllm_prompt_attention_kernels(tier);
+    const head_group_kernels *group = d % 8 == 0 ? pyllm_head_group_kernels(tier) : NULL;
+    const int64_t group_size = n_head / n_head_kv;
+    int64_t work = 0, rows_alone = 0;
     for (int j = 0; j < n_calls; ++j) {
         const pyllm_attention_call *c = &calls[j];
         if (c->m <= 0 || c->n_kv <= 0) {
             free(jobs);
             return PYLLM_ERR_SHAPE;
         }
-        const prompt_attention_kernels *prompt = pyllm_prompt_attention_kernels(pyllm_active_tier());
         const int blocks = prompt != NULL && c->m >= QUERY_BLOCK && d % 16 == 0 && c->n_kv * d <= BLOCK_KV_FLOATS;
         jobs[j] = (attention_job){c->q, c->k, c->v, c->qpos, c->kpos, c->m, c->n_kv, n_head, n_head_kv, d, scale,
-                                  softcap, window, c->out, pyllm_op_kernels(pyllm_active_tier()), blocks ? prompt : NULL};
+                                  softcap, window, c->out, pyllm_op_kernels(tier), blocks ? prompt : NULL, group, 1};
         work += c->m * n_head * c->n_kv * d;
-        const int64_t floats = blocks ? block_scratch_floats(c->n_kv, d, n_head / n_head_kv) : round16(c->n_kv + d + (d + 1) / 2);
-        scratch_floats = floats > scratch_floats ? floats : scratch_floats;
+        rows_alone += blocks ? 0 : c->m;
     }
     /* a small step is quicker on fewer threads than handed out (results do not depend on it) */
     if (work < (int64_t)n_threads << 15) n_threads = (int)(work >> 15) + 1;
+    /* with group kernels a row's heads of a kv head go together, in halves (and so on) while that leaves a
+     * thread without an item */
+    int64_t heads_per_item = group != NULL ? group_size : 1;
+    while (heads_per_item > 1 && rows_alone * n_head_kv * ((group_size + heads_per_item - 1) / heads_per_item) < n_threads) {
+        heads_per_item = (heads_per_item + 1) / 2;
+    }
+    int64_t scratch_floats = 0;
+    for (int j = 0; j < n_calls; ++j) {
+        attention_job *job = &jobs[j];
+        job->heads_per_item = heads_per_item;
+        const int64_t floats = job->prompt != NULL ? block_scratch_floats(job->n_kv, d, group_size)
+                                                   : attend_heads_floats(heads_per_item, job->n_kv, d);
+        scratch_floats = floats > scratch_floats ? floats : scratch_floats;
+    }
     attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = scratch_floats};
     batch.scratch = pyllm_scratch(SCRATCH_ATTENTION, (size_t)(n_threads * scratch_floats) * sizeof(float));
     atomic_init(&batch.next_item, 0);

@@ -369,6 +369,27 @@ static int64_t argmax_avx2(const float *x, int64_t n, int *nan) {
     return 0;  /* every entry NaN */
 }
 
+/* max_ps(v, max) keeps max where v is NaN, as the generic comparison does; which zero a tie of +0 and -0 keeps may
+ * differ (the softmax's s - max is the same either way). */
+static float scale_max_avx2(float *s, int64_t n, float scale) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    __m256 best = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + i), factor);
+        _mm256_storeu_ps(s + i, v);
+        best = _mm256_max_ps(v, best);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    float max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    for (; i < n; ++i) {
+        s[i] *= scale;
+        max = s[i] > max ? s[i] : max;
+    }
+    return max;
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -377,7 +398,7 @@ static int64_t argmax_avx2(const float *x, int64_t n, int *nan) {
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
-                                     to_half_avx2, rope_head_avx2, argmax_avx2};
+                                     to_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2};
 
 #else /* not x86-64 with GCC or clang */
 

@@ -335,7 +335,9 @@ extern const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT];
  * rope_head:    one head's first n_rot dims rotated by cos_sin (pyllm_rope_angles' row): pairs (a, b) = (2i, 2i + 1)
  *               or, neox, (i, i + n_rot / 2) become (fmaf(x_a, c_i, -(x_b * s_i)), fmaf(x_a, s_i, x_b * c_i)) (the
  *               fused multiply-adds of llama.cpp's x86 build: its compiler contracts the rotation);
- * argmax:       the first index of the largest of x[0..n) (n > 0); *nan <- whether x holds a NaN (then any index). */
+ * argmax:       the first index of the largest of x[0..n) (n > 0); *nan <- whether x holds a NaN (then any index);
+ * scale_max:    s[i] *= scale, returning the largest (NaN skipped; -INFINITY if none; either zero on a tie of
+ *               zeros). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
@@ -346,6 +348,7 @@ typedef struct {
     void (*to_half)(const float *x, fp16_t *y, int64_t n);
     void (*rope_head)(float *head, const float *cos_sin, int64_t n_rot, int neox);
     int64_t (*argmax)(const float *x, int64_t n, int *nan);
+    float (*scale_max)(float *s, int64_t n, float scale);
 } op_kernels;
 
 extern const op_kernels op_kernels_generic;
@@ -367,6 +370,20 @@ typedef struct {
 } prompt_attention_kernels;
 
 extern const prompt_attention_kernels prompt_attention_avx512;  /* all NULL off x86-64 */
+
+/* A decode row's g heads that share a kv head (ops.c, attend_heads), head by head the bits of dots and
+ * weighted_sum above; d a multiple of 8:
+ * dots_heads:         out[h * out_stride + j] = dots of query h (q + h * d) and key j (k + j * stride), j < n;
+ * weighted_sum_heads: out[h * d .. h * d + d - 1] = weighted_sum of head h's weights (p + h * p_stride) over
+ *                     the n values at v + t * stride. */
+typedef struct {
+    void (*dots_heads)(const float *q, int64_t g, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out,
+                       int64_t out_stride);
+    void (*weighted_sum_heads)(const float *p, int64_t p_stride, int64_t g, const fp16_t *v, int64_t stride, int64_t n,
+                               int64_t d, float *out);
+} head_group_kernels;
+
+extern const head_group_kernels head_group_avx512;  /* all NULL off x86-64 */
 
 /* exp(x) as llama.cpp's x86 vector code computes it (see vec_dot_generic.c) */
 float exp_ggml(float x);

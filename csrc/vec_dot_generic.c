@@ -392,6 +392,16 @@ static int64_t argmax_generic(const float *x, int64_t n, int *nan) {
     return best;
 }
 
+static float scale_max_generic(float *s, int64_t n, float scale) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+        s[i] *= scale;
+        max = s[i] > max ? s[i] : max;
+    }
+    return max;
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
-                                       geglu_generic, to_half_generic, rope_head_generic, argmax_generic};
+                                       geglu_generic, to_half_generic, rope_head_generic, argmax_generic,
+                                       scale_max_generic};

@@ -668,6 +668,74 @@ static void test_attention_tiers_agree(void) {
     pyllm_set_tier(saved);
 }
 
+/* Bitwise the same, any NaN matching any NaN. */
+static int same_or_both_nan(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0 && !(isnan(a[i]) && isnan(b[i]))) return 0;
+    }
+    return 1;
+}
+
+/* Decode rows (each sequence's one query row, the serving batch's shape): the heads that share a kv head taken
+ * together (head_group_kernels) give the generic tier's bits, for groups of 1 to 12 heads and head sizes of real
+ * models, 1 to 3 threads, slots in ring order with holes, a sliding window, a softcap, a row that sees no key,
+ * and a head whose scores are all -inf (its output 0, the others' as usual). */
+static void test_decode_attention_heads(void) {
+    enum { ROWS = 4, N_KV = 100, MAX_HEAD = 14, MAX_D = 256 };
+    static float q[ROWS * MAX_HEAD * MAX_D], ref[ROWS * MAX_HEAD * MAX_D], got[ROWS * MAX_HEAD * MAX_D];
+    static uint16_t k[N_KV * MAX_HEAD * MAX_D], v[N_KV * MAX_HEAD * MAX_D];
+    const int heads[][2] = {{9, 3}, {4, 1}, {14, 2}, {8, 8}, {12, 1}, {6, 2}}, ds[] = {64, 128, 256, 72};
+    int32_t kpos[N_KV];
+    for (int t = 0; t < N_KV; ++t) kpos[t] = t % 13 == 6 ? -1 : (t * 37 + 11) % N_KV + 1;  /* a ring's order, holes */
+    const int32_t qpos[ROWS] = {0, 40, 77, 200};  /* row 0 sees no key */
+    const int saved = pyllm_active_tier();
+    int bad = 0, checked = 0;
+    for (int hi = 0; hi < 6; ++hi) {
+        const int n_head = heads[hi][0], n_head_kv = heads[hi][1];
+        for (int di = 0; di < 4; ++di) {
+            const int d = ds[di];
+            if (n_head * d > MAX_HEAD * MAX_D) continue;
+            for (int i = 0; i < ROWS * n_head * d; ++i) q[i] = rng_float(-2, 2);
+            for (int i = 0; i < N_KV * n_head_kv * d; ++i) {
+                k[i] = fp32_to_fp16(rng_float(-2, 2));
+                v[i] = fp32_to_fp16(rng_float(-2, 2));
+            }
+            for (int t = 0; t < N_KV; ++t) k[t * n_head_kv * d] = fp32_to_fp16(rng_float(0.5f, 2));  /* kv head 0, dim 0 */
+            q[2 * n_head * d] = -1e9f;  /* row 2, head 0: -inf in half precision, so every score -inf */
+            for (int setting = 0; setting < 3; ++setting) {
+                const int32_t window = setting == 1 ? 30 : 0;
+                const float softcap = setting == 2 ? 30.0f : 0.0f;
+                pyllm_attention_call calls[ROWS];
+                for (int r = 0; r < ROWS; ++r) calls[r] = (pyllm_attention_call){q + r * n_head * d, k, v, &qpos[r], kpos, 1, N_KV, NULL};
+                pyllm_set_tier(PYLLM_TIER_GENERIC);
+                for (int r = 0; r < ROWS; ++r) calls[r].out = ref + r * n_head * d;
+                CHECK(pyllm_attention_batch(calls, ROWS, n_head, n_head_kv, d, 0.3f, window, softcap, 1) == PYLLM_OK,
+                      "decode attention, generic");
+                if (softcap == 0.0f) {  /* the -inf head is zero, the next one is not */
+                    for (int i = 0; i < d; ++i) bad += ref[2 * n_head * d + i] != 0.0f;
+                    bad += n_head > 1 && ref[2 * n_head * d + d] == 0.0f;
+                }
+                for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+                    pyllm_set_tier(tier);
+                    for (int threads = 1; threads <= 3; ++threads) {
+                        for (int rows = 1; rows <= ROWS; rows += ROWS - 1) {  /* one row alone splits its heads */
+                            memset(got, 0xFF, sizeof(got));
+                            for (int r = 0; r < ROWS; ++r) calls[r].out = got + r * n_head * d;
+                            CHECK(pyllm_attention_batch(calls + ROWS - rows, rows, n_head, n_head_kv, d, 0.3f, window,
+                                                        softcap, threads) == PYLLM_OK, "decode attention");
+                            const int64_t first = (int64_t)(ROWS - rows) * n_head * d;
+                            bad += !same_or_both_nan(ref + first, got + first, (int64_t)rows * n_head * d);
+                            ++checked;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    pyllm_set_tier(saved);
+    CHECK(bad == 0, "decode attention: %d of %d differ from the generic tier", bad, checked);
+}
+
 /* A prompt's attention (37 query rows: two blocks of 16 and a last of 5, where the tier has prompt kernels) is each
  * row's attention alone, bit for bit, and the generic tier's: over slots in ring order with empty ones, rows that
  * see no key, GQA groups, a sliding window and a softcap. */
@@ -878,6 +946,11 @@ static void test_op_kernels_agree(void) {
                 max = 0.0f;
             }
             memcpy(s_got, s_ref, sizeof(float) * (size_t)n);
+            const float max_ref = generic->scale_max(s_ref, n, 0.37f), max_got = fast->scale_max(s_got, n, 0.37f);
+            CHECK(memcmp(s_ref, s_got, sizeof(float) * (size_t)n) == 0 && max_ref == max_got &&
+                      (max_ref == -INFINITY) == (max == -INFINITY),
+                  "scale_max n=%d tier %s: %.9g != generic %.9g", n, pyllm_tier_name(tier), max_got, max_ref);
+            max = max_ref;
             generic->softmax_half(s_ref, n, max);
             fast->softmax_half(s_got, n, max);
             CHECK(memcmp(s_ref, s_got, sizeof(float) * (size_t)n) == 0, "softmax_half n=%d tier %s", n,
@@ -1059,6 +1132,7 @@ int main(void) {
     test_bad_arguments();
     test_pool_team_sizes();
     test_attention_tiers_agree();
+    test_decode_attention_heads();
     test_prompt_attention_is_row_attention();
     test_op_kernels_agree();
     test_kv_cache_layer();
