@@ -24,6 +24,7 @@ same prompt. Not run in CI.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
@@ -31,7 +32,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,59 +94,90 @@ def http_request(url: str, method: str, path: str, body: dict | None = None,
     return connection.getresponse()
 
 
-def stream_completion(url: str, body: dict) -> Result:
+def _run(coroutine):
+    """asyncio.run on uvloop's event loop where installed (pyllm's serving extra brings it): the client's CPU a
+    token is the cores' the measured server runs on."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+async def _stream_completion(host: str, port: int, body: dict) -> Result:
+    """One streamed completion on its own connection: HTTP/1.1 by hand (chunked or close-delimited body), the
+    server-sent events parsed as their lines arrive."""
     started = time.perf_counter()
     first, pieces, usage = None, [], None
-    response = http_request(url, "POST", "/v1/completions", body)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
-        while line := response.readline():  # the server-sent events, a line at a time as they arrive
-            if not line.startswith(b"data: ") or line.rstrip() == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                if choice.get("text"):
-                    first = first or time.perf_counter()
-                    pieces.append(choice["text"])
+        payload = json.dumps(body).encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     b"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+                     % (host.encode(), port, len(payload)) + payload)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, _, header_block = head.partition(b"\r\n")
+        status = int(status_line.split()[1])
+        chunked = b"transfer-encoding: chunked" in header_block.lower()
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {(await reader.read(200))!r}")
+        buffer = b""
+        while True:
+            if chunked:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    break
+                data = (await reader.readexactly(size + 2))[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    break
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data: ") or line.rstrip() == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    if choice.get("text"):
+                        first = first or time.perf_counter()
+                        pieces.append(choice["text"])
     finally:
-        response.close()
+        writer.close()
     end = time.perf_counter()
     n_tokens = usage["completion_tokens"] if usage else len(pieces)
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
     return Result((first or end) - started, end - started, n_tokens, "".join(pieces), cached)
 
 
-def run_load(url: str, label: str, clients: int, texts: list[str], max_tokens: int, bias: dict, model: str) -> Run:
-    results: list[Result | None] = [None] * len(texts)
-    errors: list[Exception] = []
-    next_index = iter(range(len(texts)))
-    lock = threading.Lock()
+def stream_completion(url: str, body: dict) -> Result:
+    parts = urlsplit(url)
+    return _run(_stream_completion(parts.hostname, parts.port, body))
 
-    def client() -> None:
-        while True:
-            with lock:
-                i = None if errors else next(next_index, None)
-            if i is None:
-                return
+
+def run_load(url: str, label: str, clients: int, texts: list[str], max_tokens: int, bias: dict, model: str) -> Run:
+    """`clients` streaming clients on one event loop (one thread: the load generator shares the server's cores,
+    and a thread a client costs a wake-up a token), each sending its next request when the last one ends."""
+    parts = urlsplit(url)
+    results: list[Result | None] = [None] * len(texts)
+    next_index = iter(range(len(texts)))
+
+    async def client() -> None:
+        for i in next_index:
             body = {"model": model, "prompt": texts[i], "max_tokens": max_tokens, "temperature": 0, "stream": True,
                     "stream_options": {"include_usage": True}, "logit_bias": bias, "cache_prompt": True}
-            try:
-                results[i] = stream_completion(url, body)
-            except Exception as e:  # the run stops; the first failure is reported
-                with lock:
-                    errors.append(e)
+            results[i] = await _stream_completion(parts.hostname, parts.port, body)
+
+    async def all_clients() -> None:
+        await asyncio.gather(*(client() for _ in range(clients)))
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise SystemExit(f"serve_load: a request to {url} failed: {errors[0]}")
+    try:
+        _run(all_clients())
+    except Exception as e:  # noqa: BLE001 - the run stops; the first failure is reported
+        raise SystemExit(f"serve_load: a request to {url} failed: {e}") from e
     run = Run(label, clients, time.perf_counter() - started)
     run.results = [r for r in results if r is not None]
     return run
