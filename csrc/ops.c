@@ -19,13 +19,11 @@ static float rms_scale(double sum, int64_t n, float eps) {
     return 1.0f / sqrtf(mean + eps);
 }
 
-static void scale_row(const float *x, const float *w, float *y, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
-}
-
 /* y[m, n] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL); in place allowed. Four rows at a time, so
  * their sums (each one chain, in order) overlap instead of waiting on each addition. */
 void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps) {
+    void (*const scale_row)(const float *, const float *, float *, int64_t, float) =
+        pyllm_op_kernels(pyllm_active_tier())->scale_row;
     int64_t r = 0;
     for (; r + 4 <= m; r += 4) {
         const float *x0 = x + r * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;

@@ -390,6 +390,16 @@ static float scale_max_avx2(float *s, int64_t n, float scale) {
     return max;
 }
 
+static void scale_row_avx2(const float *x, const float *w, float *y, int64_t n, float scale) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(x + i), factor);
+        _mm256_storeu_ps(y + i, w ? _mm256_mul_ps(scaled, _mm256_loadu_ps(w + i)) : scaled);
+    }
+    for (; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -398,7 +408,7 @@ static float scale_max_avx2(float *s, int64_t n, float scale) {
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
-                                     to_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2};
+                                     to_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2};
 
 #else /* not x86-64 with GCC or clang */
 

@@ -337,7 +337,8 @@ extern const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT];
  *               fused multiply-adds of llama.cpp's x86 build: its compiler contracts the rotation);
  * argmax:       the first index of the largest of x[0..n) (n > 0); *nan <- whether x holds a NaN (then any index);
  * scale_max:    s[i] *= scale, returning the largest (NaN skipped; -INFINITY if none; either zero on a tie of
- *               zeros). */
+ *               zeros);
+ * scale_row:    y[i] = (x[i] * scale) * w[i], or x[i] * scale where w is NULL (rms_norm's last step; y may be x). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
@@ -349,6 +350,7 @@ typedef struct {
     void (*rope_head)(float *head, const float *cos_sin, int64_t n_rot, int neox);
     int64_t (*argmax)(const float *x, int64_t n, int *nan);
     float (*scale_max)(float *s, int64_t n, float scale);
+    void (*scale_row)(const float *x, const float *w, float *y, int64_t n, float scale);
 } op_kernels;
 
 extern const op_kernels op_kernels_generic;

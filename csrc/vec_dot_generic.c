@@ -401,7 +401,11 @@ static float scale_max_generic(float *s, int64_t n, float scale) {
     return max;
 }
 
+static void scale_row_generic(const float *x, const float *w, float *y, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
                                        geglu_generic, to_half_generic, rope_head_generic, argmax_generic,
-                                       scale_max_generic};
+                                       scale_max_generic, scale_row_generic};

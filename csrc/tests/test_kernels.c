@@ -960,6 +960,14 @@ static void test_op_kernels_agree(void) {
                 u[t] = rng_float(-2, 2);
                 p[t] = rng_u32() % 5 == 0 ? 0.0f : fp16_to_fp32(fp32_to_fp16(rng_float(0, 1)));
             }
+            generic->scale_row(g, u, y_ref, n, 0.37f);
+            fast->scale_row(g, u, y_got, n, 0.37f);
+            CHECK(memcmp(y_ref, y_got, sizeof(float) * (size_t)n) == 0, "scale_row n=%d tier %s", n, pyllm_tier_name(tier));
+            generic->scale_row(g, NULL, y_ref, n, 0.37f);
+            memcpy(y_got, g, sizeof(float) * (size_t)n);
+            fast->scale_row(y_got, NULL, y_got, n, 0.37f);  /* in place */
+            CHECK(memcmp(y_ref, y_got, sizeof(float) * (size_t)n) == 0, "scale_row in place, no weight, n=%d tier %s", n,
+                  pyllm_tier_name(tier));
             generic->swiglu(g, u, y_ref, n);
             fast->swiglu(g, u, y_got, n);
             CHECK(memcmp(y_ref, y_got, sizeof(float) * (size_t)n) == 0, "swiglu n=%d tier %s", n, pyllm_tier_name(tier));
