@@ -152,18 +152,23 @@ KERNEL_INLINE void dots_group(const float *q, const fp16_t *k, int64_t stride, i
     for (; j < n; ++j) dots_keys(q, k + j * stride, stride, d, out + j, out_stride, g, 1);
 }
 
+/* RUN(h, c) for the g heads in runs of four from head h (c: the run's heads, a constant 1 to 4, so each run size
+ * gets its own unrolled kernel). */
+#define EACH_HEAD_RUN(g, RUN)                                        \
+    for (int64_t h = 0; h < (g); h += 4) {                           \
+        switch ((g) - h >= 4 ? 4 : (g) - h) {                        \
+        case 1: RUN(h, 1); break;                                    \
+        case 2: RUN(h, 2); break;                                    \
+        case 3: RUN(h, 3); break;                                    \
+        default: RUN(h, 4); break;                                   \
+        }                                                            \
+    }
+
 static void dots_heads_avx512(const float *q, int64_t g, const fp16_t *k, int64_t stride, int64_t n, int64_t d,
                               float *out, int64_t out_stride) {
-    for (int64_t h = 0; h < g; h += 4) {
-        const float *qh = q + h * d;
-        float *oh = out + h * out_stride;
-        switch (g - h >= 4 ? 4 : g - h) {
-        case 1: dots_group(qh, k, stride, n, d, oh, out_stride, 1); break;
-        case 2: dots_group(qh, k, stride, n, d, oh, out_stride, 2); break;
-        case 3: dots_group(qh, k, stride, n, d, oh, out_stride, 3); break;
-        default: dots_group(qh, k, stride, n, d, oh, out_stride, 4); break;
-        }
-    }
+#define DOTS_RUN(h, c) dots_group(q + (h) * d, k, stride, n, d, out + (h) * out_stride, out_stride, c)
+    EACH_HEAD_RUN(g, DOTS_RUN)
+#undef DOTS_RUN
 }
 
 /* Lane l (keys t = l mod 8 of p) of weighted_sum for g heads over 8 * n_chunks dimensions from i: each value
@@ -228,16 +233,9 @@ KERNEL_INLINE void weighted_group(const float *p, int64_t p_stride, const fp16_t
 
 static void weighted_sum_heads_avx512(const float *p, int64_t p_stride, int64_t g, const fp16_t *v, int64_t stride,
                                       int64_t n, int64_t d, float *out) {
-    for (int64_t h = 0; h < g; h += 4) {
-        const float *ph = p + h * p_stride;
-        float *oh = out + h * d;
-        switch (g - h >= 4 ? 4 : g - h) {
-        case 1: weighted_group(ph, p_stride, v, stride, n, d, oh, 1); break;
-        case 2: weighted_group(ph, p_stride, v, stride, n, d, oh, 2); break;
-        case 3: weighted_group(ph, p_stride, v, stride, n, d, oh, 3); break;
-        default: weighted_group(ph, p_stride, v, stride, n, d, oh, 4); break;
-        }
-    }
+#define WEIGHTED_RUN(h, c) weighted_group(p + (h) * p_stride, p_stride, v, stride, n, d, out + (h) * d, c)
+    EACH_HEAD_RUN(g, WEIGHTED_RUN)
+#undef WEIGHTED_RUN
 }
 
 #if defined(__clang__)
