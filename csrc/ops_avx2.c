@@ -207,9 +207,7 @@ static inline float max_abs(const float *x, int64_t n) {
     for (int64_t j = 0; j < n; j += 8) {  /* max_ps returns its second operand, amax, when |x| is NaN */
         amax = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)), amax);
     }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    return lanes_max(amax);
 }
 
 /* round(x * scale) clamped to [-127, 127], NaN -> -127 (max_ps returns -127 for a NaN first operand) */
@@ -349,9 +347,7 @@ static int64_t argmax_avx2(const float *x, int64_t n, int *nan) {
         best = _mm256_max_ps(v, best);
         unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    float max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    float max = lanes_max(best);
     int seen_nan = _mm256_movemask_ps(unordered) != 0;
     for (int64_t j = i; j < n; ++j) {
         seen_nan |= isnan(x[j]);
@@ -380,9 +376,7 @@ static float scale_max_avx2(float *s, int64_t n, float scale) {
         _mm256_storeu_ps(s + i, v);
         best = _mm256_max_ps(v, best);
     }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    float max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    float max = lanes_max(best);
     for (; i < n; ++i) {
         s[i] *= scale;
         max = s[i] > max ? s[i] : max;

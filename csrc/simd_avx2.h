@@ -26,6 +26,13 @@ static inline __m128i fold_i32x8(__m256i v) {
 
 static inline int32_t hsum_i32x8(__m256i v) { return hsum_i32x4(fold_i32x8(v)); }
 
+/* The largest of the 8 lanes (max_ps: a NaN lane loses to the other operand; either zero on a tie of zeros). */
+static inline float lanes_max(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 /* The 8 lanes summed in reduce_lanes8's order. */
 static inline float lanes_total(__m256 acc) {
     const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
