@@ -218,22 +218,6 @@ static void dot_task(void *arg, int ith, int nth) {
 /* Tiles a decode thread takes from the front of its own range at a time. */
 #define OWN_TILES 4
 
-/* Claims up to `want` tiles from the front (or, stealing, one from the back) of a range; how many (0: empty). */
-static int64_t claim(atomic_ullong *range, int64_t want, int from_back, int64_t *first) {
-    unsigned long long seen = atomic_load_explicit(range, memory_order_relaxed);
-    for (;;) {
-        const int64_t front = (int64_t)(seen >> 32), back = (int64_t)(seen & 0xFFFFFFFFu);
-        const int64_t n = back - front < want ? back - front : want;
-        if (n <= 0) return 0;
-        const unsigned long long next = from_back ? ((unsigned long long)front << 32) | (unsigned long long)(back - n)
-                                                  : ((unsigned long long)(front + n) << 32) | (unsigned long long)back;
-        if (atomic_compare_exchange_weak_explicit(range, &seen, next, memory_order_relaxed, memory_order_relaxed)) {
-            *first = from_back ? back - n : front;
-            return n;
-        }
-    }
-}
-
 /* A decode step: each thread streams one contiguous range of tiles (the prefetchers' longest run), taking it a
  * few tiles at a time from the front; a thread done with its own takes the others' last tiles one by one from
  * the back, so one the system holds up (a server's HTTP work on the same cores) is helped, not waited for. */
@@ -241,11 +225,11 @@ static void decode_task(void *arg, int ith, int nth) {
     matmul_job *job = arg;
     uint8_t *gathered = job->gathered + ith * job->gathered_bytes;
     int64_t first, n;
-    while ((n = claim(&job->ranges[ith], OWN_TILES, 0, &first)) > 0) {
+    while ((n = pyllm_range_claim(&job->ranges[ith], OWN_TILES, 0, &first)) > 0) {
         dot_handed(job, first * ROW_TILE, (first + n) * ROW_TILE, NULL, gathered);
     }
     for (int other = (ith + 1) % nth; other != ith; other = (other + 1) % nth) {
-        while (claim(&job->ranges[other], 1, 1, &first) > 0) {
+        while (pyllm_range_claim(&job->ranges[other], 1, 1, &first) > 0) {
             dot_handed(job, first * ROW_TILE, (first + 1) * ROW_TILE, NULL, gathered);
         }
     }
@@ -368,11 +352,7 @@ int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, in
     if (status != PYLLM_OK) return status;
     if (m < DECODE_ROWS) {  /* no panels: fewer rows than one */
         atomic_ullong ranges[PYLLM_MAX_THREADS];
-        for (int t = 0; t < n_threads; ++t) {
-            int64_t begin, end;
-            split_range(tiles, t, n_threads, &begin, &end);
-            atomic_init(&ranges[t], ((unsigned long long)begin << 32) | (unsigned long long)end);
-        }
+        pyllm_ranges_init(ranges, tiles, n_threads);
         job.ranges = ranges;
         return pyllm_pool_run(n_threads, decode_task, &job);
     }
