@@ -236,10 +236,11 @@ void pyllm_string_index_free(pyllm_string_index *index);
  * top-k (a row with NaN gives k valid ids in an unspecified order). PYLLM_ERR_SHAPE unless 0 < k <= n <= INT32_MAX. */
 int pyllm_top_k(const float *x, int64_t n, int64_t k, int32_t *ids);
 /* Greedy sampling: *index <- the id of the largest of x[0..n) (the first among equal values) once bias_vals[i] is
- * added to x[bias_ids[i]] (distinct ids; the biased row goes into scratch[n], x is left alone), *nan <- whether the
- * (biased) row holds a NaN (then *index is any id). PYLLM_ERR_SHAPE unless n > 0 and every id is in [0, n). */
+ * added to x[bias_ids[i]] (distinct ids; x is left alone; scratch[n] may receive the biased row), *top <- that
+ * largest (biased) value, *nan <- whether the biased row holds a NaN (then *index and *top are any entry's).
+ * PYLLM_ERR_SHAPE unless n > 0 and every id is in [0, n). */
 int pyllm_argmax(const float *x, int64_t n, const int64_t *bias_ids, const float *bias_vals, int64_t n_bias,
-                 float *scratch, int64_t *index, int *nan);
+                 float *scratch, int64_t *index, float *top, int *nan);
 /* cffi-end */
 
 #endif /* PYLLM_H */

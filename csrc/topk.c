@@ -90,17 +90,36 @@ int pyllm_top_k(const float *x, int64_t n, int64_t k, int32_t *ids) {
 }
 
 int pyllm_argmax(const float *x, int64_t n, const int64_t *bias_ids, const float *bias_vals, int64_t n_bias,
-                 float *scratch, int64_t *index, int *nan) {
+                 float *scratch, int64_t *index, float *top, int *nan) {
     if (n <= 0 || n_bias < 0) return PYLLM_ERR_SHAPE;
     for (int64_t i = 0; i < n_bias; ++i) {
         if (bias_ids[i] < 0 || bias_ids[i] >= n) return PYLLM_ERR_SHAPE;
     }
-    const float *row = x;
-    if (n_bias > 0) {
-        memcpy(scratch, x, (size_t)n * sizeof(float));
-        for (int64_t i = 0; i < n_bias; ++i) scratch[bias_ids[i]] += bias_vals[i];
-        row = scratch;
+    int64_t (*const argmax)(const float *, int64_t, int *) = pyllm_op_kernels(pyllm_active_tier())->argmax;
+    const int64_t first = argmax(x, n, nan);
+    int leader_biased = 0;
+    for (int64_t i = 0; i < n_bias; ++i) leader_biased |= bias_ids[i] == first;
+    if (!leader_biased) {
+        /* every unbiased entry is at most x[first] (and past it where equal): the answer is first or a biased
+         * entry, the first of equal values */
+        int64_t best = first;
+        float best_value = x[first];
+        for (int64_t i = 0; i < n_bias; ++i) {
+            const float value = x[bias_ids[i]] + bias_vals[i];
+            *nan |= value != value;
+            if (value > best_value || (value == best_value && bias_ids[i] < best)) {
+                best = bias_ids[i];
+                best_value = value;
+            }
+        }
+        *index = best;
+        *top = best_value;
+        return PYLLM_OK;
     }
-    *index = pyllm_op_kernels(pyllm_active_tier())->argmax(row, n, nan);
+    /* the unbiased leader is biased: the whole biased row, in scratch */
+    memcpy(scratch, x, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n_bias; ++i) scratch[bias_ids[i]] += bias_vals[i];
+    *index = argmax(scratch, n, nan);
+    *top = scratch[*index];
     return PYLLM_OK;
 }

@@ -309,8 +309,9 @@ class Sampler:
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         # the greedy path's C arguments, made once: its bias, and where the C call puts the id and the NaN flag
         self._bias_c = (ffi.from_buffer("int64_t[]", self._bias_ids), ffi.from_buffer("float[]", self._bias_vals))
-        self._found, self._nan = ffi.new("int64_t *"), ffi.new("int *")
+        self._found, self._top, self._nan = ffi.new("int64_t *"), ffi.new("float *"), ffi.new("int *")
         self._buf: np.ndarray | None = None
+        self._bias_checked_for = -1  # the row length the bias ids were last found inside
 
     def reseed(self, seed: int | None) -> None:
         """Restart the random stream from `seed` (None: fresh OS entropy)."""
@@ -338,15 +339,17 @@ class Sampler:
         self._check_bias_ids(n)
         scratch = self._work_buffer(logits)
         lib.pyllm_argmax(ffi.from_buffer("float[]", logits), n, *self._bias_c, self._bias_ids.size,
-                         ffi.from_buffer("float[]", scratch), self._found, self._nan)
-        token = int(self._found[0])
-        _check_top(np.nan if self._nan[0] else scratch[token] if self._bias_ids.size else logits[token])
-        return token
+                         ffi.from_buffer("float[]", scratch), self._found, self._top, self._nan)
+        _check_top(np.nan if self._nan[0] else self._top[0])
+        return int(self._found[0])
 
     def _check_bias_ids(self, n: int) -> None:
+        if n == self._bias_checked_for:
+            return
         if self._bias_ids.size and int(self._bias_ids.max()) >= n:
             bad = int(self._bias_ids[self._bias_ids >= n][0])
             raise SamplingError(f"logit_bias token {bad} is outside the vocabulary (n_vocab={n})")
+        self._bias_checked_for = n
 
     def process(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The logits the final draw sees, before temperature, as a new float32 ``(n_vocab,)`` array.

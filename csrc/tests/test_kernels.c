@@ -913,14 +913,23 @@ static void test_argmax_agrees(void) {
         }
     }
     CHECK(checked > 0 && bad == 0, "argmax: %d of %d rows differ from generic's", bad, checked);
-    float row[3] = {1.0f, 5.0f, 2.0f}, scratch[3];
-    const int64_t ids[2] = {1, 2}, outside[1] = {3};
-    const float vals[2] = {-10.0f, 1.0f};
+    float row[3] = {1.0f, 5.0f, 2.0f}, scratch[3], top;
+    const int64_t ids[2] = {1, 2}, outside[1] = {3}, lifted[1] = {0}, tied[2] = {2, 0};
+    const float vals[2] = {-10.0f, 1.0f}, lift[1] = {5.0f}, ties[2] = {3.0f, 4.0f};
     int64_t index;
     int nan;
-    CHECK(pyllm_argmax(row, 3, ids, vals, 2, scratch, &index, &nan) == PYLLM_OK && index == 2 && !nan && row[1] == 5.0f,
-          "argmax with a bias");
-    CHECK(pyllm_argmax(row, 3, outside, vals, 1, scratch, &index, &nan) == PYLLM_ERR_SHAPE, "argmax: bias id 3 of 3");
+    /* the leader biased down: the whole biased row */
+    CHECK(pyllm_argmax(row, 3, ids, vals, 2, scratch, &index, &top, &nan) == PYLLM_OK && index == 2 && top == 3.0f &&
+          !nan && row[1] == 5.0f, "argmax with the leader biased");
+    /* the leader unbiased: it or a biased entry, the first of equal values */
+    CHECK(pyllm_argmax(row, 3, lifted, lift, 1, scratch, &index, &top, &nan) == PYLLM_OK && index == 0 && top == 6.0f &&
+          !nan, "argmax with another entry biased past the leader");
+    CHECK(pyllm_argmax(row, 3, tied, ties, 2, scratch, &index, &top, &nan) == PYLLM_OK && index == 0 && top == 5.0f &&
+          !nan, "argmax with biased entries tied with the leader");
+    const float nan_bias[1] = {NAN};
+    CHECK(pyllm_argmax(row, 3, lifted, nan_bias, 1, scratch, &index, &top, &nan) == PYLLM_OK && nan,
+          "argmax: a NaN bias makes a NaN row");
+    CHECK(pyllm_argmax(row, 3, outside, vals, 1, scratch, &index, &top, &nan) == PYLLM_ERR_SHAPE, "argmax: bias id 3 of 3");
 }
 
 static void test_op_kernels_agree(void) {
