@@ -232,28 +232,29 @@ class Model:
         cache.max_batch tokens each. Matmuls run once over all rows; attention per sequence.
         Each sequence's logits are bit-identical to running it alone.
         """
-        n_vocab_in = self.weights.token_embd.shape[1]
         segments = []
         row = 0
         for tokens, cache, mode in seqs:
             tokens = np.asarray(tokens, dtype=np.int64)
-            if len(tokens) == 0:
+            n = len(tokens)
+            if n == 0:
                 raise ValueError("no tokens to evaluate")
-            if np.any(tokens < 0) or np.any(tokens >= n_vocab_in):
-                raise ValueError(f"token id out of range [0, {n_vocab_in})")
-            if len(tokens) > cache.max_batch:
-                raise ValueError(f"{len(tokens)} rows exceed the cache's batch limit of {cache.max_batch}")
-            if cache.n_used + len(tokens) > cache.n_ctx:
-                raise ContextFullError(f"{cache.n_used} + {len(tokens)} tokens exceed the context of {cache.n_ctx}")
+            if n > cache.max_batch:
+                raise ValueError(f"{n} rows exceed the cache's batch limit of {cache.max_batch}")
+            if cache.n_used + n > cache.n_ctx:
+                raise ContextFullError(f"{cache.n_used} + {n} tokens exceed the context of {cache.n_ctx}")
             if mode not in ("all", "last", "none"):
                 raise ValueError(f"logits must be 'all', 'last' or 'none', not {mode!r}")
-            positions = np.arange(cache.n_used, cache.n_used + len(tokens), dtype=np.int32)
-            segments.append(_Segment(slice(row, row + len(tokens)), tokens, positions, cache, mode))
-            row += len(tokens)
+            positions = np.arange(cache.n_used, cache.n_used + n, dtype=np.int32)
+            segments.append(_Segment(slice(row, row + n), tokens, positions, cache, mode))
+            row += n
         if len({id(seg.cache) for seg in segments}) != len(segments):
             raise ValueError("a batch holds each sequence (cache) at most once")
+        all_tokens = np.concatenate([seg.tokens for seg in segments])
+        if all_tokens.min() < 0 or all_tokens.max() >= self.weights.token_embd.shape[1]:
+            raise ValueError(f"token id out of range [0, {self.weights.token_embd.shape[1]})")
 
-        x = self.embed(np.concatenate([seg.tokens for seg in segments]))
+        x = self.embed(all_tokens)
         if self.reference:
             positions = np.concatenate([seg.positions for seg in segments])
             for i, layer in enumerate(self.weights.layers):
