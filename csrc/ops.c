@@ -170,11 +170,8 @@ static void prefetch_rows(const fp16_t *base, int64_t stride, int64_t n, int64_t
 static void attend_heads(const attention_job *job, int64_t r, int64_t h0, int64_t n_heads, float *scratch) {
     const int64_t d = job->d, n_kv = job->n_kv, hk = h0 / (job->n_head / job->n_head_kv);
     float *scores = scratch, *max = scores + n_heads * n_kv, *q = max + n_heads;  /* (n_heads, n_kv), (n_heads,), (n_heads, d) */
-    fp16_t *q_half = (fp16_t *)(q + n_heads * d);
-    const float *q32 = job->q + (r * job->n_head + h0) * d;
     float *out = job->out + (r * job->n_head + h0) * d;  /* (n_heads, d) */
-    job->kernels->to_half(q32, q_half, n_heads * d);
-    for (int64_t i = 0; i < n_heads * d; ++i) q[i] = fp16_lookup(q_half[i]);  /* the tables are filled: kernels came from dispatch */
+    job->kernels->round_half(job->q + (r * job->n_head + h0) * d, q, n_heads * d);
     for (int64_t h = 0; h < n_heads; ++h) max[h] = -INFINITY;
     const int32_t qp = job->qpos[r];
     const int64_t stride = job->n_head_kv * d;
@@ -236,9 +233,9 @@ static void attend_heads(const attention_job *job, int64_t r, int64_t h0, int64_
     }
 }
 
-/* Floats of attend_heads' scratch for n_heads heads of a row: scores, maxima, the queries, the queries in halves. */
+/* Floats of attend_heads' scratch for n_heads heads of a row: scores, maxima, the queries. */
 static int64_t attend_heads_floats(int64_t n_heads, int64_t n_kv, int64_t d) {
-    return round16(n_heads * (n_kv + 1 + d) + (n_heads * d + 1) / 2);
+    return round16(n_heads * (n_kv + 1 + d));
 }
 
 /* A prompt's queries go QUERY_BLOCK rows at a time against one kv head (attend_block) where the tier has
@@ -294,13 +291,11 @@ static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64
     }
     const int64_t t0 = first / 16 * 16, n = last + 1 - t0, n16 = round16(n);
     float *kt = scratch + span_floats(group), *vf = kt + d * n16, *qs = vf + round16(n * d), *scores = qs + pairs * d;
-    fp16_t *q_half = (fp16_t *)(scores + pairs * n16);
     job->prompt->kv_to_float(job->k + t0 * stride + hk * d, job->v + t0 * stride + hk * d, stride, n, d, kt, vf);
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
         if (p >= r1 - r0) spans[p] = spans[p % (r1 - r0)];  /* the row's, for every head */
-        job->kernels->to_half(job->q + (r * job->n_head + h) * d, q_half, d);
-        for (int64_t i = 0; i < d; ++i) qs[p * d + i] = fp16_lookup(q_half[i]);
+        job->kernels->round_half(job->q + (r * job->n_head + h) * d, qs + p * d, d);
     }
     for (int64_t b = 0; b < n16 / 16; ++b) {
         for (int64_t p = 0; p < pairs; ++p) {
@@ -340,10 +335,10 @@ static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64
 }
 
 /* Floats of attend_block's scratch for n_kv slots of d and group heads a kv head: the pairs' spans, kt, vf, the
- * pairs' queries and scores, a query in halves. */
+ * pairs' queries and scores. */
 static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
     const int64_t pairs = QUERY_BLOCK * group;
-    return span_floats(group) + d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv) + round16(d);
+    return span_floats(group) + d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv);
 }
 
 /* A job's items: its (row, head) pairs, or with prompt kernels its (query block, kv head) pairs. */

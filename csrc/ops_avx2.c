@@ -309,6 +309,14 @@ static void to_half_avx2(const float *x, fp16_t *y, int64_t n) {
     for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+static void round_half_avx2(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    }
+    for (; i < n; ++i) y[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+}
+
 /* Four pairs (2i, 2i + 1) a vector, their cosines and sines as they lie (c0 s0 c1 s1 ..): lane 2i takes
  * fma(x_a, c, -(x_b * s)), lane 2i + 1 fma(x_a, s, x_b * c), the second operands of both from the swapped
  * angles and the negation a sign flip; or, neox, eight pairs (i, i + half) a vector, the angles split into
@@ -402,7 +410,7 @@ static void scale_row_avx2(const float *x, const float *w, float *y, int64_t n, 
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
-                                     to_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2};
+                                     to_half_avx2, round_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2};
 
 #else /* not x86-64 with GCC or clang */
 

@@ -332,6 +332,7 @@ extern const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT];
  * geglu:        y[i] = 0 where g[i] <= -10, g[i] * u[i] where g[i] >= 10, otherwise
  *               (float)gelu_table[half(g[i])] * u[i] (the table: gelu at every half, rounded to half);
  * to_half:      y[i] = fp32_to_fp16(x[i]);
+ * round_half:   y[i] = fp16_to_fp32(fp32_to_fp16(x[i])) (x rounded to half precision, kept as floats);
  * rope_head:    one head's first n_rot dims rotated by cos_sin (pyllm_rope_angles' row): pairs (a, b) = (2i, 2i + 1)
  *               or, neox, (i, i + n_rot / 2) become (fmaf(x_a, c_i, -(x_b * s_i)), fmaf(x_a, s_i, x_b * c_i)) (the
  *               fused multiply-adds of llama.cpp's x86 build: its compiler contracts the rotation);
@@ -347,6 +348,7 @@ typedef struct {
     quantize_row_fn quantize_q8_0, quantize_q8_1, quantize_q8_K;  /* activation rows for the weight formats */
     void (*geglu)(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n);
     void (*to_half)(const float *x, fp16_t *y, int64_t n);
+    void (*round_half)(const float *x, float *y, int64_t n);
     void (*rope_head)(float *head, const float *cos_sin, int64_t n_rot, int neox);
     int64_t (*argmax)(const float *x, int64_t n, int *nan);
     float (*scale_max)(float *s, int64_t n, float scale);

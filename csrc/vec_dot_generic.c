@@ -377,6 +377,10 @@ static void to_half_generic(const float *x, fp16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+static void round_half_generic(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+}
+
 static void rope_head_generic(float *head, const float *cos_sin, int64_t n_rot, int neox) {
     rope_head_pairs(head, cos_sin, 0, n_rot, neox);
 }
@@ -407,5 +411,5 @@ static void scale_row_generic(const float *x, const float *w, float *y, int64_t 
 
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
-                                       geglu_generic, to_half_generic, rope_head_generic, argmax_generic,
+                                       geglu_generic, to_half_generic, round_half_generic, rope_head_generic, argmax_generic,
                                        scale_max_generic, scale_row_generic};

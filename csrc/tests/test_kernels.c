@@ -839,11 +839,12 @@ static void test_geglu_agrees(void) {
     }
 }
 
-/* to_half: every tier writes the generic halves: overflow to infinity, the largest half and its midpoint,
- * subnormal results and their ties, NaNs (quiet and signalling, with payloads), and random floats. */
+/* to_half and round_half: every tier writes the generic halves (and their floats): overflow to infinity, the
+ * largest half and its midpoint, subnormal results and their ties, NaNs (quiet and signalling, with payloads),
+ * and random floats. */
 static void test_to_half_agrees(void) {
     enum { N = 1000 };
-    static float x[N];
+    static float x[N], rounded_ref[N], rounded_got[N];
     static fp16_t ref[N], got[N];
     const uint32_t special_bits[] = {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFA5A5A5u, 0x477FE000u,
                                      0x477FF000u, 0x477FEFFFu, 0x33000000u, 0x33000001u, 0x38800000u, 0x387FFFFFu,
@@ -854,9 +855,16 @@ static void test_to_half_agrees(void) {
         memcpy(&x[i], &bits, 4);
     }
     pyllm_op_kernels(PYLLM_TIER_GENERIC)->to_half(x, ref, N);
+    pyllm_op_kernels(PYLLM_TIER_GENERIC)->round_half(x, rounded_ref, N);
+    int finite_as_halves = 1;  /* round_half's finite results are to_half's halves, as floats */
+    for (int i = 0; i < N; ++i) finite_as_halves &= isnan(rounded_ref[i]) || rounded_ref[i] == fp16_to_fp32(ref[i]);
+    CHECK(finite_as_halves, "round_half: generic is not to_half's halves as floats");
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
         pyllm_op_kernels(tier)->to_half(x, got, N);
         CHECK(memcmp(ref, got, sizeof(ref)) == 0, "to_half: tier %s differs from generic", pyllm_tier_name(tier));
+        pyllm_op_kernels(tier)->round_half(x, rounded_got, N - 3);  /* an 8-wide tail too */
+        CHECK(memcmp(rounded_ref, rounded_got, (N - 3) * sizeof(float)) == 0, "round_half: tier %s differs from generic",
+              pyllm_tier_name(tier));
     }
 }
 
