@@ -379,8 +379,9 @@ static int64_t read_ahead_bytes(const attention_job *job) {
  * every job in order, split evenly (as the items are), the first read_ahead bytes of its part. A row's items
  * read one kv head's lines of every slot, a strided run the prefetchers do not follow, computing as they go; the
  * step's weights have long pushed them out of cache. Read here, contiguous and with nothing else to do, they come
- * in at the memory's full rate, and the items find them in L2 (or the other core's). SmolLM2 at 2 threads, steps
- * alternated: 4 rows of 40-100 slots -2.4-3.6%, 1 row -1-2%; of 1000 slots -5% and -13%.
+ * in at the memory's full rate, and the items find them in their own L2. SmolLM2 at 2 threads, with the items'
+ * per-thread ranges: attention at 4 rows of 60-124 slots 1.27-1.32 -> 0.78-0.90 ms a step; builds alternated,
+ * 4-row decode step 5.75-5.92 -> 5.42 ms, and of 1000 slots 1 row 7.3-7.7 -> 5.6 ms, 4 rows 16.5-19.1 -> 14.0.
  */
 static unsigned read_ahead(const attention_batch *batch, int ith, int nth) {
     int64_t total = 0;
@@ -413,7 +414,8 @@ static void attend_item(const attention_batch *batch, int64_t item, float *scrat
                                                                                     : job->heads_per_item, scratch);
         return;
     }
-    /* the last query blocks (the most keys, under a causal mask) first, so the threads end together */
+    /* numbered from the last query block (the most keys, under a causal mask) down: the first thread's range holds
+     * the heaviest, and the others, done with their lighter ones, take its items from the back one by one */
     const int64_t n_blocks = (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK;
     const int64_t block = n_blocks - 1 - item / job->n_head_kv, r0 = block * QUERY_BLOCK;
     attend_block(job, item % job->n_head_kv, r0, r0 + QUERY_BLOCK < job->m ? r0 + QUERY_BLOCK : job->m, scratch);
