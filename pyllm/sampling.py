@@ -307,7 +307,7 @@ class Sampler:
         bias = self.params.logit_bias or {}
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        # the greedy path's C arguments, made once: its bias, and where the C call puts the id and the NaN flag
+        # the greedy path's C arguments, made once: its bias, and where the C call puts the id, its value, the NaN flag
         self._bias_c = (ffi.from_buffer("int64_t[]", self._bias_ids), ffi.from_buffer("float[]", self._bias_vals))
         self._found, self._top, self._nan = ffi.new("int64_t *"), ffi.new("float *"), ffi.new("int *")
         self._buf: np.ndarray | None = None
