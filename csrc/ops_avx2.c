@@ -91,12 +91,6 @@ static inline __m256 exp_ggml8(__m256 x) {
     return _mm256_blendv_ps(scaled, _mm256_mul_ps(s1, s1), huge);
 }
 
-static inline float hsum8(__m256 v) {
-    float lanes[8];
-    _mm256_storeu_ps(lanes, v);
-    return reduce_lanes8(lanes);
-}
-
 static void softmax_half_avx2(float *s, int64_t n, float max) {
     const __m256 vmax = _mm256_set1_ps(max), masked_score = _mm256_set1_ps(-INFINITY);
     double sum = 0.0;
@@ -114,7 +108,7 @@ static void softmax_half_avx2(float *s, int64_t n, float max) {
                                           exp_ggml8(_mm256_sub_ps(x, vmax)));
         _mm256_storeu_ps(group, e);
         if (len < 8) for (int64_t l = 0; l < len; ++l) s[g + l] = pad[l];
-        sum += (double)hsum8(e);
+        sum += (double)lanes_total(e);
     }
     const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
     int64_t t = 0;
