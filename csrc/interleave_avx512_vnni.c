@@ -64,11 +64,10 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
     for (int64_t b = 0; b < n / QK32; ++b) {
         const uint8_t *block = tile + b * block_bytes;
         const char *ahead = prefetch != NULL ? (const char *)prefetch + b * block_bytes : NULL;
-        if (ahead == NULL) {
-        } else if (next_tile) {  /* into L2: a tile's worth of lines in L1's few fill buffers would stall this pass */
+        if (ahead != NULL && next_tile) {  /* into L2: a tile's worth of lines in L1's few fill buffers would stall this pass */
 #pragma GCC unroll 9
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
-        } else if (fmt == FMT_Q4_1) {  /* Q8_0's blocks straddle lines: its stream does better without */
+        } else if (ahead != NULL && fmt == FMT_Q4_1) {  /* Q8_0's blocks straddle lines: its stream does better without */
 #pragma GCC unroll 9
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
         }

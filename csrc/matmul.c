@@ -78,17 +78,12 @@ typedef struct {
     atomic_ullong *ranges; /* a decode step: each thread's tiles still to do, (first << 32) | end (decode_task) */
 } matmul_job;
 
-static inline void split_range(int64_t total, int ith, int nth, int64_t *begin, int64_t *end) {
-    *begin = total * ith / nth;
-    *end = total * (ith + 1) / nth;
-}
-
 /* X rows split across threads: each converted to the activation format and, if a lone row, laid out for its
  * kernel. */
 static void quantize_task(void *arg, int ith, int nth) {
     const matmul_job *job = arg;
     int64_t begin, end;
-    split_range(job->m, ith, nth, &begin, &end);
+    pyllm_split_range(job->m, ith, nth, &begin, &end);
     for (int64_t r = begin; r < end; ++r) {
         uint8_t *act = job->act + r * job->act_row_bytes;
         /* cannot fail: pyllm_matmul checked the type and the row length first */
@@ -238,7 +233,7 @@ static void decode_task(void *arg, int ith, int nth) {
 static void panel_task(void *arg, int ith, int nth) {
     const matmul_job *job = arg;
     int64_t begin, end;
-    split_range(job->n_panels, ith, nth, &begin, &end);
+    pyllm_split_range(job->n_panels, ith, nth, &begin, &end);
     for (int64_t p = begin; p < end; ++p) {
         job->panel_prepare(&job->panels[p], job->type, job->act + p * PANEL_ROWS * job->act_row_bytes, job->act_row_bytes,
                            PANEL_ROWS, job->k, job->panel_scratch + p * job->panel_bytes);

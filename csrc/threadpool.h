@@ -18,13 +18,20 @@ typedef void (*pool_task_fn)(void *ctx, int ith, int nth);
  * range or workers cannot be started. */
 int pyllm_pool_run(int nth, pool_task_fn fn, void *ctx);
 
+/* Thread ith's part [*begin, *end) of [0, total) split evenly across nth threads. */
+static inline void pyllm_split_range(int64_t total, int ith, int nth, int64_t *begin, int64_t *end) {
+    *begin = total * ith / nth;
+    *end = total * (ith + 1) / nth;
+}
+
 /* Work items [0, total) in nth contiguous ranges, one a thread, each packed as (first << 32) | end in one atomic:
  * a thread takes its own range from the front and, done with it, the others' items from the back, so one the
  * system holds up is helped rather than waited for, and each thread mostly touches the data of its own range. */
 static inline void pyllm_ranges_init(atomic_ullong *ranges, int64_t total, int nth) {
     for (int t = 0; t < nth; ++t) {
-        const unsigned long long first = (unsigned long long)(total * t / nth), end = (unsigned long long)(total * (t + 1) / nth);
-        atomic_init(&ranges[t], (first << 32) | end);
+        int64_t first, end;
+        pyllm_split_range(total, t, nth, &first, &end);
+        atomic_init(&ranges[t], ((unsigned long long)first << 32) | (unsigned long long)end);
     }
 }
 

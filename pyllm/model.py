@@ -251,8 +251,9 @@ class Model:
         if len({id(seg.cache) for seg in segments}) != len(segments):
             raise ValueError("a batch holds each sequence (cache) at most once")
         all_tokens = np.concatenate([seg.tokens for seg in segments])
-        if all_tokens.min() < 0 or all_tokens.max() >= self.weights.token_embd.shape[1]:
-            raise ValueError(f"token id out of range [0, {self.weights.token_embd.shape[1]})")
+        n_vocab_in = self.weights.token_embd.shape[1]
+        if all_tokens.min() < 0 or all_tokens.max() >= n_vocab_in:
+            raise ValueError(f"token id out of range [0, {n_vocab_in})")
 
         x = self.embed(all_tokens)
         if self.reference:

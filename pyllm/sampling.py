@@ -311,6 +311,7 @@ class Sampler:
         self._bias_c = (ffi.from_buffer("int64_t[]", self._bias_ids), ffi.from_buffer("float[]", self._bias_vals))
         self._found, self._top, self._nan = ffi.new("int64_t *"), ffi.new("float *"), ffi.new("int *")
         self._buf: np.ndarray | None = None
+        self._buf_c = ffi.NULL  # _buf for C calls, made with it
         self._bias_checked_for = -1  # the row length the bias ids were last found inside
 
     def reseed(self, seed: int | None) -> None:
@@ -337,9 +338,9 @@ class Sampler:
         thread that runs the model, where each of _prepare's numpy calls let other threads take the GIL."""
         n = logits.shape[0]
         self._check_bias_ids(n)
-        scratch = self._work_buffer(logits)
-        lib.pyllm_argmax(ffi.from_buffer("float[]", logits), n, *self._bias_c, self._bias_ids.size,
-                         ffi.from_buffer("float[]", scratch), self._found, self._top, self._nan)
+        self._work_buffer(logits)
+        lib.pyllm_argmax(ffi.from_buffer("float[]", logits), n, *self._bias_c, self._bias_ids.size, self._buf_c,
+                         self._found, self._top, self._nan)
         _check_top(np.nan if self._nan[0] else self._top[0])
         return int(self._found[0])
 
@@ -376,6 +377,7 @@ class Sampler:
             return None  # _prepare reports the bad shape
         if self._buf is None or self._buf.shape != shape:
             self._buf = np.empty(shape, dtype=np.float32)
+            self._buf_c = ffi.from_buffer("float[]", self._buf)  # the greedy path's scratch, for the C call
         return self._buf
 
     def _prepare(self, logits: np.ndarray, history: Sequence[int], out: np.ndarray | None) -> np.ndarray:

@@ -606,6 +606,15 @@ static void test_top_k(void) {
           "top-k: k outside 1..n");
 }
 
+/* Queries (n_q floats) and keys and values (n_kv halves each) of an attention test, uniform in [-2, 2]. */
+static void random_attention_inputs(float *q, int n_q, uint16_t *k, uint16_t *v, int n_kv) {
+    for (int i = 0; i < n_q; ++i) q[i] = rng_float(-2, 2);
+    for (int i = 0; i < n_kv; ++i) {
+        k[i] = fp32_to_fp16(rng_float(-2, 2));
+        v[i] = fp32_to_fp16(rng_float(-2, 2));
+    }
+}
+
 /* Attention: every tier gives the generic kernels' bits (head sizes with and without an 8-wide tail, 1 to 8
  * heads a KV head), so do the same rows as several sequences in one batch on 1 to 3 threads, and so does
  * plain multi-head attention with each head's KV head copied out for it (the GQA indexing). */
@@ -622,11 +631,7 @@ static void test_attention_tiers_agree(void) {
     for (int hi = 0; hi < 5; ++hi) {
         const int n_head = heads[hi][0], n_head_kv = heads[hi][1];
         for (int d = 4; d <= MAX_D; d += 17) {  /* 4, 21, 38, 55, 72 */
-            for (int i = 0; i < M * n_head * d; ++i) q[i] = rng_float(-2, 2);
-            for (int i = 0; i < N_KV * n_head_kv * d; ++i) {
-                k[i] = fp32_to_fp16(rng_float(-2, 2));
-                v[i] = fp32_to_fp16(rng_float(-2, 2));
-            }
+            random_attention_inputs(q, M * n_head * d, k, v, N_KV * n_head_kv * d);
             pyllm_set_tier(PYLLM_TIER_GENERIC);
             CHECK(pyllm_attention(q, k, v, qpos, kpos, M, N_KV, n_head, n_head_kv, d, 0.3f, 7, 0.0f, ref, 2) ==
                       PYLLM_OK, "attention generic d=%d", d);
@@ -695,11 +700,7 @@ static void test_decode_attention_heads(void) {
         for (int di = 0; di < 4; ++di) {
             const int d = ds[di];
             if (n_head * d > MAX_HEAD * MAX_D) continue;
-            for (int i = 0; i < ROWS * n_head * d; ++i) q[i] = rng_float(-2, 2);
-            for (int i = 0; i < N_KV * n_head_kv * d; ++i) {
-                k[i] = fp32_to_fp16(rng_float(-2, 2));
-                v[i] = fp32_to_fp16(rng_float(-2, 2));
-            }
+            random_attention_inputs(q, ROWS * n_head * d, k, v, N_KV * n_head_kv * d);
             for (int t = 0; t < N_KV; ++t) k[t * n_head_kv * d] = fp32_to_fp16(rng_float(0.5f, 2));  /* kv head 0, dim 0 */
             q[2 * n_head * d] = -1e9f;  /* row 2, head 0: -inf in half precision, so every score -inf */
             for (int setting = 0; setting < 3; ++setting) {
@@ -753,11 +754,7 @@ static void test_prompt_attention_is_row_attention(void) {
         const int n_head = heads[hi][0], n_head_kv = heads[hi][1];
         for (int di = 0; di < 3; ++di) {
             const int d = ds[di];
-            for (int i = 0; i < M * n_head * d; ++i) q[i] = rng_float(-2, 2);
-            for (int i = 0; i < N_KV * n_head_kv * d; ++i) {
-                k[i] = fp32_to_fp16(rng_float(-2, 2));
-                v[i] = fp32_to_fp16(rng_float(-2, 2));
-            }
+            random_attention_inputs(q, M * n_head * d, k, v, N_KV * n_head_kv * d);
             for (int setting = 0; setting < 3; ++setting) {
                 const int32_t window = setting == 1 ? 7 : 0;
                 const float softcap = setting == 2 ? 30.0f : 0.0f;
