@@ -104,52 +104,107 @@ def _run(coroutine):
     return uvloop.run(coroutine)
 
 
-async def _stream_completion(host: str, port: int, body: dict) -> Result:
-    """One streamed completion on its own connection: HTTP/1.1 by hand (chunked or close-delimited body), the
-    server-sent events parsed as their lines arrive."""
-    started = time.perf_counter()
-    first, pieces, usage = None, [], None
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        payload = json.dumps(body).encode()
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                     b"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
-                     % (host.encode(), port, len(payload)) + payload)
-        head = await reader.readuntil(b"\r\n\r\n")
-        status_line, _, header_block = head.partition(b"\r\n")
-        status = int(status_line.split()[1])
-        chunked = b"transfer-encoding: chunked" in header_block.lower()
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {(await reader.read(200))!r}")
-        buffer = b""
-        while True:
-            if chunked:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+class _EventStreamClient(asyncio.Protocol):
+    """One streamed completion on its own connection, parsed as its bytes arrive: HTTP/1.1 by hand (a chunked
+    or close-delimited body), the server-sent events' `data:` lines decoded as soon as they are whole. A
+    protocol, not a stream reader: the data is handled in the transport's callback, with no coroutine to
+    resume a token (the load generator shares the server's cores: what it spends, the server loses)."""
+
+    def __init__(self, request: bytes, done: asyncio.Future) -> None:
+        self.request, self.done = request, done
+        self.started = time.perf_counter()
+        self.first: float | None = None
+        self.pieces: list[str] = []
+        self.usage: dict | None = None
+        self.raw = bytearray()        # bytes not yet parsed: the head, or the chunked framing
+        self.chunked: bool | None = None  # None until the head has been read
+        self.lines = b""              # the event text not yet split into whole lines
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.raw += data
+            if self.chunked is None and not self._read_head():
+                return
+            if not self.chunked:
+                body, self.raw = bytes(self.raw), bytearray()
+                self._events(body)
+                return
+            while (eol := self.raw.find(b"\r\n")) >= 0:
+                size = int(self.raw[:eol].split(b";")[0], 16)
                 if size == 0:
-                    break
-                data = (await reader.readexactly(size + 2))[:-2]
-            else:
-                data = await reader.read(65536)
-                if not data:
-                    break
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if not line.startswith(b"data: ") or line.rstrip() == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    if choice.get("text"):
-                        first = first or time.perf_counter()
-                        pieces.append(choice["text"])
-    finally:
-        writer.close()
-    end = time.perf_counter()
-    n_tokens = usage["completion_tokens"] if usage else len(pieces)
-    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    return Result((first or end) - started, end - started, n_tokens, "".join(pieces), cached)
+                    self._finish()
+                    return
+                if len(self.raw) < eol + 2 + size + 2:
+                    return
+                body = bytes(self.raw[eol + 2:eol + 2 + size])
+                del self.raw[:eol + 2 + size + 2]
+                self._events(body)
+        except Exception as exc:  # noqa: BLE001 - the request fails with it
+            self._fail(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self._fail(exc)
+        elif self.chunked:
+            self._fail(RuntimeError("the connection closed inside a chunked body"))
+        else:
+            self._finish()
+
+    def _read_head(self) -> bool:
+        end = self.raw.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        status_line, _, header_block = bytes(self.raw[:end]).partition(b"\r\n")
+        status = int(status_line.split()[1])
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {bytes(self.raw[end + 4:end + 204])!r}")
+        self.chunked = b"transfer-encoding: chunked" in header_block.lower()
+        del self.raw[:end + 4]
+        return True
+
+    def _events(self, body: bytes) -> None:
+        *lines, self.lines = (self.lines + body).split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data: ") or line.rstrip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if choice.get("text"):
+                    self.first = self.first or time.perf_counter()
+                    self.pieces.append(choice["text"])
+
+    def _finish(self) -> None:
+        if self.done.done():
+            return
+        end = time.perf_counter()
+        n_tokens = self.usage["completion_tokens"] if self.usage else len(self.pieces)
+        cached = ((self.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        self.done.set_result(Result((self.first or end) - self.started, end - self.started, n_tokens,
+                                    "".join(self.pieces), cached))
+        self.transport.close()
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+        self.transport.close()
+
+
+async def _stream_completion(host: str, port: int, body: dict) -> Result:
+    """One streamed completion (a _EventStreamClient connection) and its timings."""
+    payload = json.dumps(body).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+               b"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+               % (host.encode(), port, len(payload)) + payload)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    await loop.create_connection(lambda: _EventStreamClient(request, done), host, port)
+    return await done
 
 
 def stream_completion(url: str, body: dict) -> Result:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -224,7 +223,7 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> Fa
     def respond(result: dict[str, Any] | CompletionStream, include_usage: bool, n_prompt: int):
         if isinstance(result, dict):
             return JSONResponse(result)
-        return _EventStream(result, _sse(result, include_usage, n_prompt))
+        return _EventStream(result, include_usage, n_prompt)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -293,58 +292,71 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> Fa
     return app
 
 
-class _EventStream(StreamingResponse):
-    """Server-sent events that cancel their generation however the response ends: finished, or the
-    client gone (a failed write, or the disconnect that cancels the task): the engine frees the
-    sequence at its next step."""
+class _EventStream(Response):
+    """A streamed completion as server-sent events: a chunk each, the usage chunk if asked, then [DONE].
 
-    def __init__(self, stream: CompletionStream, events: AsyncIterator[str]) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.stream = stream
+    Sent by hand rather than through StreamingResponse: a token's chunks go from the stream to the ASGI `send`
+    in one call, with no async generator and no task group between them (what the event loop spends a token
+    comes out of the two cores the model runs on). The event loop takes the chunks as they are ready
+    (stream.poll), woken by the engine's thread after each of the request's events (Request.on_event): no
+    thread of its own and no worker-thread call a token. However the response ends (finished, or the client
+    gone: its disconnect arrives through `receive`) the generation is cancelled: the engine frees the sequence
+    at its next step."""
+
+    def __init__(self, stream: CompletionStream, include_usage: bool, n_prompt: int) -> None:
+        self.status_code, self.background = 200, None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no")]
+        self.stream, self.include_usage, self.n_prompt = stream, include_usage, n_prompt
 
     async def __call__(self, scope, receive, send) -> None:
+        stream = self.stream
+        loop = asyncio.get_running_loop()
+        arrived = asyncio.Event()
+
+        def wake() -> None:  # on the engine's thread
+            try:
+                loop.call_soon_threadsafe(arrived.set)
+            except RuntimeError:  # the loop has closed (the server stopped): nobody is reading
+                stream.cancel()
+
+        async def watch_for_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            stream.cancel()  # the engine ends the request at its next step, and poll() then ends
+
+        stream.request.on_event = wake
+        watcher = loop.create_task(watch_for_disconnect())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            last: dict[str, Any] | None = None
+            while True:
+                try:
+                    chunks = stream.poll()
+                except Exception as exc:  # noqa: BLE001 - reported in the stream; the status line is already sent
+                    await self._send_events(send, [_error_body(str(exc), "server_error", None, None)])
+                    break
+                if chunks is None:
+                    if self.include_usage and last is not None:
+                        request = stream.request
+                        usage = {"prompt_tokens": self.n_prompt, "completion_tokens": request.n_generated,
+                                 "total_tokens": self.n_prompt + request.n_generated,
+                                 "prompt_tokens_details": {"cached_tokens": request.n_cached}}
+                        await self._send_events(send, [{**last, "choices": [], "usage": usage}])
+                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                    break
+                if not chunks:
+                    await arrived.wait()
+                    arrived.clear()
+                    continue
+                last = chunks[-1]
+                await self._send_events(send, chunks)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            self.stream.cancel()
-
-
-async def _sse(stream: CompletionStream, include_usage: bool, n_prompt: int) -> AsyncIterator[str]:
-    """The events of a streamed completion: a chunk each, the usage chunk if asked, [DONE].
-
-    The event loop takes the chunks as they are ready (stream.poll), woken by the engine's thread after each of
-    the request's events (Request.on_event): no thread of its own and no worker-thread call a token, whose
-    wake-ups cost the cores the model runs on."""
-    loop = asyncio.get_running_loop()
-    arrived = asyncio.Event()
-
-    def wake() -> None:  # on the engine's thread
-        try:
-            loop.call_soon_threadsafe(arrived.set)
-        except RuntimeError:  # the loop has closed (the server stopped): nobody is reading
+            watcher.cancel()
             stream.cancel()
 
-    stream.request.on_event = wake
-    last: dict[str, Any] | None = None
-    while True:
-        try:
-            chunks = stream.poll()
-        except Exception as exc:  # noqa: BLE001 - reported in the stream; the status line is already sent
-            yield "data: " + json.dumps(_error_body(str(exc), "server_error", None, None)) + "\n\n"
-            return
-        if chunks is None:
-            break
-        if not chunks:
-            await arrived.wait()
-            arrived.clear()
-            continue
-        last = chunks[-1]
-        yield "".join("data: " + json.dumps(chunk) + "\n\n" for chunk in chunks)
-    if include_usage and last is not None:
-        request = stream.request
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
-                 "total_tokens": n_prompt + request.n_generated,
-                 "prompt_tokens_details": {"cached_tokens": request.n_cached}}
-        yield "data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n"
-    yield "data: [DONE]\n\n"
+    @staticmethod
+    async def _send_events(send, chunks: list[dict[str, Any]]) -> None:
+        body = "".join("data: " + json.dumps(chunk) + "\n\n" for chunk in chunks).encode()
+        await send({"type": "http.response.body", "body": body, "more_body": True})
