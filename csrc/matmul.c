@@ -2,7 +2,8 @@
  * matmul.c - Y[M,N] = X[M,K] . W[N,K]^T over quantized weight rows.
  *
  * X rows are first converted to the activation format of W's type (q8_0,
- * q8_K or float32), split across threads by row. Then the threads take chunks
+ * q8_K or float32): a prompt's split across threads by row, a decode step's
+ * by every thread for itself (decode_task). Then the threads take chunks
  * of output columns (weight rows) as they free up, computing each for every X
  * row with kernels that all give the same bits: an output element depends only
  * on its weight row and its X row, never on how work was split or on M.
@@ -35,9 +36,21 @@
  * layers at 2 threads, 4 -> 8 with the next tile into L2: 1 row -10%, 4 rows -27%). */
 #define TILE_PREFETCH_BLOCKS 8
 
-/* Fewer X rows than this are a decode step: quantized on the calling thread (quicker than handing them out),
- * and W streamed from memory in one contiguous range per thread. */
+/* Fewer X rows than this are a decode step: converted by every thread for itself (decode_task), and W streamed
+ * from memory in one contiguous range per thread. */
 #define DECODE_ROWS 8
+_Static_assert(DECODE_ROWS <= PANEL_ROWS, "a decode step has no panels");
+
+/* X's rows in the forms the kernels take: every row in the activation format, the groups' and the lone rows'
+ * layouts, and the scratch those lie in. One for a prompt's call, made by the threads together; one per thread
+ * for a decode step, each thread's own (decode_task). */
+typedef struct {
+    uint8_t *act;           /* (m, act_row_bytes) */
+    act_rows *groups;       /* (n_groups): with a rows kernel, the X rows after the panels in groups of VEC_DOT_MAX_ROWS */
+    uint8_t *group_scratch; /* (n_groups, group_bytes): their layouts */
+    act_rows *lone;         /* (n_lone): with a row or tile kernel, X rows first_lone.. (those no group holds); NULL: none */
+    uint8_t *lone_scratch;  /* (n_lone, lone_bytes): their layouts (for W's own type: an interleaved Q8_0's offsets) */
+} x_rows;
 
 typedef struct {
     vec_dot_fn kernel;
@@ -57,7 +70,6 @@ typedef struct {
     int64_t w_row_bytes;
     int64_t k, m;
     const float *x;        /* (m, k) */
-    uint8_t *act;          /* (m, act_row_bytes), in the call's one buffer */
     int64_t act_row_bytes;
     act_panel *panels;     /* X rows 0..n_panels * PANEL_ROWS - 1, PANEL_ROWS a panel */
     int64_t n_panels;
@@ -67,32 +79,65 @@ typedef struct {
     int64_t wide_row_bytes;
     uint8_t *gathered;     /* an interleaved W, no tile kernel: (n_threads, gathered_bytes), each thread's rebuilt row */
     int64_t gathered_bytes;
-    act_rows *groups;      /* with a rows kernel: the next X rows in groups of VEC_DOT_MAX_ROWS */
-    int64_t n_groups;
-    act_rows *lone;        /* with a row or tile kernel: X rows first_lone.. (those no group holds), prepared */
-    int64_t first_lone;
-    uint8_t *lone_scratch; /* (m - first_lone, lone_bytes): their layouts */
-    int64_t lone_bytes;
+    int64_t n_groups, group_bytes;
+    int64_t first_lone, n_lone, lone_bytes;
+    x_rows shared;         /* a prompt's X rows, in the call's one buffer */
+    atomic_int out_of_memory; /* a decode thread found no scratch for its rows */
     int64_t chunk_rows;    /* a prompt: weight rows handed out at a time (whole tiles) */
     atomic_llong next_chunk;
     atomic_ullong *ranges; /* a decode step: each thread's tiles still to do, (first << 32) | end (decode_task) */
 } matmul_job;
 
-/* X rows split across threads: each converted to the activation format and, if a lone row, laid out for its
+/* Bytes of an x_rows for the job, each part whole 64-byte lines (so no quants load splits one). */
+static int64_t x_rows_bytes(const matmul_job *job) {
+    const int64_t headers = ((job->n_groups + job->n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
+    return job->n_groups * job->group_bytes + job->n_lone * job->lone_bytes + headers
+           + (job->m * job->act_row_bytes + 63) / 64 * 64;
+}
+
+/* An x_rows over buffer (64-byte aligned, x_rows_bytes of it). */
+static x_rows x_rows_at(const matmul_job *job, uint8_t *buffer) {
+    x_rows rows;
+    rows.group_scratch = buffer;
+    rows.lone_scratch = rows.group_scratch + job->n_groups * job->group_bytes;
+    uint8_t *headers = rows.lone_scratch + job->n_lone * job->lone_bytes;
+    rows.groups = (act_rows *)headers;
+    rows.lone = job->n_lone > 0 ? rows.groups + job->n_groups : NULL;
+    rows.act = headers + ((job->n_groups + job->n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
+    return rows;
+}
+
+/* X rows [begin, end) into rows: each converted to the activation format and, if a lone row, laid out for its
  * kernel. */
-static void quantize_task(void *arg, int ith, int nth) {
+static void convert_rows(const matmul_job *job, const x_rows *rows, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+        uint8_t *act = rows->act + r * job->act_row_bytes;
+        /* cannot fail: pyllm_matmul checked the type and the row length first */
+        pyllm_quantize_activations(job->type, job->x + r * job->k, act, job->k);
+        if (rows->lone != NULL && r >= job->first_lone) {
+            act_row_prepare(&rows->lone[r - job->first_lone], job->w_type, act, job->k,
+                            rows->lone_scratch + (r - job->first_lone) * job->lone_bytes);
+        }
+    }
+}
+
+/* The groups' layouts, from their converted rows. */
+static void prepare_groups(const matmul_job *job, const x_rows *rows) {
+    for (int64_t gi = 0; gi < job->n_groups; ++gi) {
+        const int64_t r0 = job->n_panels * PANEL_ROWS + gi * VEC_DOT_MAX_ROWS;
+        const int n_rows = job->m - r0 < VEC_DOT_MAX_ROWS ? (int)(job->m - r0) : VEC_DOT_MAX_ROWS;
+        const void *act[VEC_DOT_MAX_ROWS];
+        for (int i = 0; i < n_rows; ++i) act[i] = rows->act + (r0 + i) * job->act_row_bytes;
+        act_rows_prepare(&rows->groups[gi], job->type, act, n_rows, job->k, rows->group_scratch + gi * job->group_bytes);
+    }
+}
+
+/* A prompt's X rows split across threads, converted into the shared x_rows. */
+static void convert_task(void *arg, int ith, int nth) {
     const matmul_job *job = arg;
     int64_t begin, end;
     pyllm_split_range(job->m, ith, nth, &begin, &end);
-    for (int64_t r = begin; r < end; ++r) {
-        uint8_t *act = job->act + r * job->act_row_bytes;
-        /* cannot fail: pyllm_matmul checked the type and the row length first */
-        pyllm_quantize_activations(job->type, job->x + r * job->k, act, job->k);
-        if (job->lone != NULL && r >= job->first_lone) {
-            act_row_prepare(&job->lone[r - job->first_lone], job->w_type, act, job->k,
-                            job->lone_scratch + (r - job->first_lone) * job->lone_bytes);
-        }
-    }
+    convert_rows(job, &job->shared, begin, end);
 }
 
 /* Row c of W in its plain format: in place, or an interleaved W's rebuilt in gathered (the thread's). */
@@ -132,7 +177,7 @@ static void dot_panels(const matmul_job *job, const pyllm_matrix *w, int64_t til
  * in cache, asks for the next one into L2 (the matrix's last tile: itself), so fetching overlaps the arithmetic
  * (SmolLM2's layers at 2 threads, alternated: 1 row 2.83 -> 2.77 ms, 4 rows 4.50 -> 4.20; Gemma's Q8_0 output
  * matrix, 1 row 6.9-7.7 -> 5.7-6.0 ms, where the plain Q8_0 kernels take 6.3). */
-static void dot_tile(const matmul_job *job, const pyllm_matrix *w, int64_t tile) {
+static void dot_tile(const matmul_job *job, const x_rows *x, const pyllm_matrix *w, int64_t tile) {
     const int64_t tile_bytes = ROW_TILE * job->w_row_bytes, block_bytes = ROW_TILE * pyllm_type_size(job->type);
     const uint8_t *rows = (const uint8_t *)w->data + tile * job->w_row_bytes;
     const uint8_t *next = tile + ROW_TILE < w->n ? rows + tile_bytes : rows;
@@ -141,26 +186,26 @@ static void dot_tile(const matmul_job *job, const pyllm_matrix *w, int64_t tile)
         const int64_t r = job->first_lone + 2 * pass;
         const int n_rows = job->m - r >= 2 ? 2 : 1;
         const uint8_t *prefetch = pass == 1 ? next : pass == 0 && passes == 1 ? rows + TILE_PREFETCH_BLOCKS * block_bytes : NULL;
-        job->tile_kernel(job->k, rows, &job->lone[r - job->first_lone], n_rows, w->y + r * w->n + tile, w->n, prefetch,
+        job->tile_kernel(job->k, rows, &x->lone[r - job->first_lone], n_rows, w->y + r * w->n + tile, w->n, prefetch,
                          pass == 1);
     }
 }
 
-/* W's output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; wide and gathered:
- * the thread's scratch for dot_panels and weight_row. */
-static void dot_rows(const matmul_job *job, const pyllm_matrix *w, int64_t begin, int64_t end, uint8_t *wide,
-                     uint8_t *gathered) {
+/* W's output columns [begin, end) for every X row (x), a tile of ROW_TILE weight rows at a time; wide and
+ * gathered: the thread's scratch for dot_panels and weight_row. */
+static void dot_rows(const matmul_job *job, const x_rows *x, const pyllm_matrix *w, int64_t begin, int64_t end,
+                     uint8_t *wide, uint8_t *gathered) {
     const uint8_t *data = w->data;
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
         if (job->n_panels > 0) dot_panels(job, w, tile, tile_end, wide);
         if (job->tile_kernel != NULL) {
-            dot_tile(job, w, tile);
+            dot_tile(job, x, w, tile);
             continue;
         }
         int64_t r = job->n_panels * PANEL_ROWS;
         for (int64_t gi = 0; gi < job->n_groups;) {  /* weight rows unpacked once per group or pair of groups */
-            const act_rows *group = &job->groups[gi];
+            const act_rows *group = &x->groups[gi];
             const int pair = job->rows8_kernel != NULL && gi + 1 < job->n_groups;
             const vec_dot_rows_fn kernel = pair ? job->rows8_kernel : job->rows_kernel;
             const int n_rows = pair ? VEC_DOT_MAX_ROWS + group[1].n_rows : group->n_rows;
@@ -174,24 +219,25 @@ static void dot_rows(const matmul_job *job, const pyllm_matrix *w, int64_t begin
         }
         for (; r < job->m; ++r) {
             float *y = w->y + r * w->n;
-            if (job->lone != NULL) {
-                const act_rows *row = &job->lone[r - job->first_lone];
+            if (x->lone != NULL) {
+                const act_rows *row = &x->lone[r - job->first_lone];
                 for (int64_t c = tile; c < tile_end; ++c) y[c] = job->row_kernel(job->k, data + c * job->w_row_bytes, row);
                 continue;
             }
-            const uint8_t *act = job->act + r * job->act_row_bytes;
+            const uint8_t *act = x->act + r * job->act_row_bytes;
             for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, weight_row(job, w, c, gathered), act);
         }
     }
 }
 
 /* Rows [begin, end) of those handed out: each weight's part of them. */
-static void dot_handed(const matmul_job *job, int64_t begin, int64_t end, uint8_t *wide, uint8_t *gathered) {
+static void dot_handed(const matmul_job *job, const x_rows *x, int64_t begin, int64_t end, uint8_t *wide,
+                       uint8_t *gathered) {
     for (int i = 0; i < job->n_weights; ++i) {
         const pyllm_matrix *w = &job->weights[i];
         const int64_t first = begin > job->first[i] ? begin - job->first[i] : 0;
         const int64_t last = end - job->first[i] < w->n ? end - job->first[i] : w->n;
-        if (first < last) dot_rows(job, w, first, last, wide, gathered);
+        if (first < last) dot_rows(job, x, w, first, last, wide, gathered);
     }
 }
 
@@ -206,26 +252,37 @@ static void dot_task(void *arg, int ith, int nth) {
     for (;;) {
         const int64_t begin = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed) * job->chunk_rows;
         if (begin >= job->n_handed) break;
-        dot_handed(job, begin, begin + job->chunk_rows, wide, gathered);
+        dot_handed(job, &job->shared, begin, begin + job->chunk_rows, wide, gathered);
     }
 }
 
 /* Tiles a decode thread takes from the front of its own range at a time. */
 #define OWN_TILES 4
 
-/* A decode step: each thread streams one contiguous range of tiles (the prefetchers' longest run), taking it a
- * few tiles at a time from the front; a thread done with its own takes the others' last tiles one by one from
- * the back, so one the system holds up (a server's HTTP work on the same cores) is helped, not waited for. */
+/* A decode step: each thread first converts X for itself, into its own scratch (rows the caller converted
+ * alone kept the other thread waiting, and the layouts it wrote were lines the other had read, written back
+ * across cores: SmolLM2 at 4 rows, 4.5 us a matmul of ~0.5 MB, 0.55 ms a step), then streams one contiguous
+ * range of tiles (the prefetchers' longest run), taking it a few tiles at a time from the front; a thread done
+ * with its own takes the others' last tiles one by one from the back, so one the system holds up (a server's
+ * HTTP work on the same cores) is helped, not waited for. Every thread's rows are the same bits. */
 static void decode_task(void *arg, int ith, int nth) {
     matmul_job *job = arg;
-    uint8_t *gathered = job->gathered + ith * job->gathered_bytes;
+    uint8_t *own = pyllm_scratch(SCRATCH_DECODE_ROWS, (size_t)(job->gathered_bytes + x_rows_bytes(job)));
+    if (own == NULL) {  /* the others take this thread's range from its back */
+        atomic_store_explicit(&job->out_of_memory, 1, memory_order_relaxed);
+        return;
+    }
+    uint8_t *gathered = own;
+    const x_rows x = x_rows_at(job, own + job->gathered_bytes);
+    convert_rows(job, &x, 0, job->m);
+    prepare_groups(job, &x);
     int64_t first, n;
     while ((n = pyllm_range_claim(&job->ranges[ith], OWN_TILES, 0, &first)) > 0) {
-        dot_handed(job, first * ROW_TILE, (first + n) * ROW_TILE, NULL, gathered);
+        dot_handed(job, &x, first * ROW_TILE, (first + n) * ROW_TILE, NULL, gathered);
     }
     for (int other = (ith + 1) % nth; other != ith; other = (other + 1) % nth) {
         while (pyllm_range_claim(&job->ranges[other], 1, 1, &first) > 0) {
-            dot_handed(job, first * ROW_TILE, (first + 1) * ROW_TILE, NULL, gathered);
+            dot_handed(job, &x, first * ROW_TILE, (first + 1) * ROW_TILE, NULL, gathered);
         }
     }
 }
@@ -235,7 +292,7 @@ static void panel_task(void *arg, int ith, int nth) {
     int64_t begin, end;
     pyllm_split_range(job->n_panels, ith, nth, &begin, &end);
     for (int64_t p = begin; p < end; ++p) {
-        job->panel_prepare(&job->panels[p], job->type, job->act + p * PANEL_ROWS * job->act_row_bytes, job->act_row_bytes,
+        job->panel_prepare(&job->panels[p], job->type, job->shared.act + p * PANEL_ROWS * job->act_row_bytes, job->act_row_bytes,
                            PANEL_ROWS, job->k, job->panel_scratch + p * job->panel_bytes);
     }
 }
@@ -300,57 +357,43 @@ int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, in
         if ((rest - 1) % VEC_DOT_MAX_ROWS == 0) job.n_groups--;
     }
     job.first_lone = first_group_row + (job.n_groups * VEC_DOT_MAX_ROWS < rest ? job.n_groups * VEC_DOT_MAX_ROWS : rest);
-    const int64_t n_lone = job.row_kernel != NULL || job.tile_kernel != NULL ? m - job.first_lone : 0;
-    /* One allocation for all a call prepares, each part whole 64-byte lines (so no quants load splits one):
-     * the panels' layouts, the threads' unpacked weight rows and rebuilt interleaved rows, the groups' and the
-     * lone rows' layouts (the latter for W's own type: an interleaved Q8_0's offsets), the act_panel and
-     * act_rows headers, then the X rows in the activation format */
-    const int64_t panel_bytes = job.n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
-    job.wide_row_bytes = job.n_panels > 0 ? wide_row_scratch_bytes(type, k) : 0;
+    job.n_lone = job.row_kernel != NULL || job.tile_kernel != NULL ? m - job.first_lone : 0;
+    job.group_bytes = act_rows_scratch_bytes(type, k);
+    job.lone_bytes = act_row_scratch_bytes(w_type, k);
     job.gathered_bytes = interleaved && job.tile_kernel == NULL ? (job.w_row_bytes + 63) / 64 * 64 : 0;
-    const int64_t panels_bytes = job.n_panels * panel_bytes, wide_bytes = n_threads * ROW_TILE * job.wide_row_bytes;
-    const int64_t gathered_bytes = n_threads * job.gathered_bytes;
-    const int64_t group_bytes = act_rows_scratch_bytes(type, k), row_bytes = act_row_scratch_bytes(w_type, k);
-    const int64_t layout_bytes = panels_bytes + wide_bytes + gathered_bytes + job.n_groups * group_bytes + n_lone * row_bytes;
-    const int64_t header_bytes = (job.n_panels * (int64_t)sizeof(act_panel) + (job.n_groups + n_lone) * (int64_t)sizeof(act_rows)
-                                  + 63) / 64 * 64;
-    const size_t buffer_bytes = (size_t)(layout_bytes + header_bytes + (m * job.act_row_bytes + 63) / 64 * 64);
-    uint8_t *buffer = pyllm_scratch(SCRATCH_MATMUL, buffer_bytes);
-    if (buffer == NULL) return PYLLM_ERR_NOMEM;
-    job.panel_scratch = buffer;
-    job.panel_bytes = panel_bytes;
-    job.wide = buffer + panels_bytes;
-    job.gathered = job.wide + wide_bytes;
-    uint8_t *group_scratch = job.gathered + gathered_bytes;
-    job.groups = (act_rows *)(buffer + layout_bytes);
-    job.lone = n_lone > 0 ? job.groups + job.n_groups : NULL;
-    job.panels = (act_panel *)(job.groups + job.n_groups + n_lone);
-    job.act = buffer + layout_bytes + header_bytes;
-    job.lone_scratch = group_scratch + job.n_groups * group_bytes;
-    job.lone_bytes = row_bytes;
-
-    const int quantize_threads = m < DECODE_ROWS ? 1 : (m < n_threads ? (int)m : n_threads);
-    int status = pyllm_pool_run(quantize_threads, quantize_task, &job);
-    if (status == PYLLM_OK && job.n_panels > 0) {
-        status = pyllm_pool_run(job.n_panels < n_threads ? (int)job.n_panels : n_threads, panel_task, &job);
-    }
-    for (int64_t gi = 0; status == PYLLM_OK && gi < job.n_groups; ++gi) {
-        const int64_t r0 = first_group_row + gi * VEC_DOT_MAX_ROWS;
-        const int n_rows = m - r0 < VEC_DOT_MAX_ROWS ? (int)(m - r0) : VEC_DOT_MAX_ROWS;
-        const void *rows[VEC_DOT_MAX_ROWS];
-        for (int i = 0; i < n_rows; ++i) rows[i] = job.act + (r0 + i) * job.act_row_bytes;
-        act_rows_prepare(&job.groups[gi], type, rows, n_rows, k, group_scratch + gi * group_bytes);
-    }
-    /* A prompt: about 8 chunks per thread, so the threads finish together even when one is held up. A decode
-     * step (a few rows) streams W from memory: a contiguous range per thread (decode_task). */
     const int64_t tiles = n_handed / ROW_TILE;
-    if (status != PYLLM_OK) return status;
-    if (m < DECODE_ROWS) {  /* no panels: fewer rows than one */
+    if (m < DECODE_ROWS) {  /* a decode step: each thread converts X itself (decode_task) and streams its tiles */
         atomic_ullong ranges[PYLLM_MAX_THREADS];
         pyllm_ranges_init(ranges, tiles, n_threads);
         job.ranges = ranges;
-        return pyllm_pool_run(n_threads, decode_task, &job);
+        atomic_init(&job.out_of_memory, 0);
+        const int status = pyllm_pool_run(n_threads, decode_task, &job);
+        return status == PYLLM_OK && atomic_load(&job.out_of_memory) ? PYLLM_ERR_NOMEM : status;
     }
+    /* A prompt: one allocation for all the call prepares, each part whole 64-byte lines: the panels' layouts and
+     * their act_panel headers, the threads' unpacked weight rows and rebuilt interleaved rows, then the x_rows */
+    const int64_t panel_bytes = job.n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
+    job.wide_row_bytes = job.n_panels > 0 ? wide_row_scratch_bytes(type, k) : 0;
+    const int64_t panels_bytes = job.n_panels * panel_bytes;
+    const int64_t panel_header_bytes = (job.n_panels * (int64_t)sizeof(act_panel) + 63) / 64 * 64;
+    const int64_t wide_bytes = n_threads * ROW_TILE * job.wide_row_bytes, gathered_bytes = n_threads * job.gathered_bytes;
+    const int64_t before_rows = panels_bytes + panel_header_bytes + wide_bytes + gathered_bytes;
+    uint8_t *buffer = pyllm_scratch(SCRATCH_MATMUL, (size_t)(before_rows + x_rows_bytes(&job)));
+    if (buffer == NULL) return PYLLM_ERR_NOMEM;
+    job.panel_scratch = buffer;
+    job.panel_bytes = panel_bytes;
+    job.panels = (act_panel *)(buffer + panels_bytes);
+    job.wide = buffer + panels_bytes + panel_header_bytes;
+    job.gathered = job.wide + wide_bytes;
+    job.shared = x_rows_at(&job, buffer + before_rows);
+
+    int status = pyllm_pool_run(m < n_threads ? (int)m : n_threads, convert_task, &job);
+    if (status == PYLLM_OK && job.n_panels > 0) {
+        status = pyllm_pool_run(job.n_panels < n_threads ? (int)job.n_panels : n_threads, panel_task, &job);
+    }
+    if (status != PYLLM_OK) return status;
+    prepare_groups(&job, &job.shared);
+    /* about 8 chunks per thread, so the threads finish together even when one is held up */
     const int64_t tiles_per_chunk = tiles / (8 * n_threads);
     job.chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
     atomic_init(&job.next_chunk, 0);
