@@ -252,7 +252,12 @@ class Model:
             raise ValueError("a batch holds each sequence (cache) at most once")
         all_tokens = np.concatenate([seg.tokens for seg in segments])
         n_vocab_in = self.weights.token_embd.shape[1]
-        if all_tokens.min() < 0 or all_tokens.max() >= n_vocab_in:
+        if len(all_tokens) <= 64:  # a decode batch's few ids as ints: two numpy reductions cost more
+            ids = all_tokens.tolist()
+            low, high = min(ids), max(ids)
+        else:
+            low, high = int(all_tokens.min()), int(all_tokens.max())
+        if low < 0 or high >= n_vocab_in:
             raise ValueError(f"token id out of range [0, {n_vocab_in})")
 
         x = self.embed(all_tokens)
@@ -265,12 +270,12 @@ class Model:
         for seg in segments:
             seg.cache.n_used += len(seg.tokens)
 
-        wanted = [np.arange(seg.rows.start, seg.rows.stop) if seg.mode == "all" else
-                  np.array([seg.rows.stop - 1]) if seg.mode == "last" else np.array([], np.int64)
+        wanted = [range(seg.rows.start, seg.rows.stop) if seg.mode == "all" else
+                  range(seg.rows.stop - 1, seg.rows.stop) if seg.mode == "last" else range(0)
                   for seg in segments]
-        picked = np.concatenate(wanted).astype(np.int64)
+        picked = [row for rows in wanted for row in rows]
         results: list[np.ndarray | None] = [None] * len(segments)
-        if len(picked):
+        if picked:
             h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
             out = self._matmul(self.weights.output, h)
             start = 0
