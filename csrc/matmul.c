@@ -88,10 +88,14 @@ typedef struct {
     atomic_ullong *ranges; /* a decode step: each thread's tiles still to do, (first << 32) | end (decode_task) */
 } matmul_job;
 
-/* Bytes of an x_rows for the job, each part whole 64-byte lines (so no quants load splits one). */
+/* Bytes of an x_rows' act_rows headers, whole 64-byte lines like each of its parts (so no quants load splits one). */
+static int64_t x_rows_header_bytes(const matmul_job *job) {
+    return ((job->n_groups + job->n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
+}
+
+/* Bytes of an x_rows for the job. */
 static int64_t x_rows_bytes(const matmul_job *job) {
-    const int64_t headers = ((job->n_groups + job->n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
-    return job->n_groups * job->group_bytes + job->n_lone * job->lone_bytes + headers
+    return job->n_groups * job->group_bytes + job->n_lone * job->lone_bytes + x_rows_header_bytes(job)
            + (job->m * job->act_row_bytes + 63) / 64 * 64;
 }
 
@@ -103,7 +107,7 @@ static x_rows x_rows_at(const matmul_job *job, uint8_t *buffer) {
     uint8_t *headers = rows.lone_scratch + job->n_lone * job->lone_bytes;
     rows.groups = (act_rows *)headers;
     rows.lone = job->n_lone > 0 ? rows.groups + job->n_groups : NULL;
-    rows.act = headers + ((job->n_groups + job->n_lone) * (int64_t)sizeof(act_rows) + 63) / 64 * 64;
+    rows.act = headers + x_rows_header_bytes(job);
     return rows;
 }
 
