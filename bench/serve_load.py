@@ -149,10 +149,10 @@ class _EventStreamClient(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
             self._fail(exc)
-        elif self.chunked:
-            self._fail(RuntimeError("the connection closed inside a chunked body"))
-        else:
+        elif self.chunked is False:  # a close-delimited body ends here
             self._finish()
+        else:  # after a chunked body's last chunk the request is done already, and this changes nothing
+            self._fail(RuntimeError("the connection closed before the response ended"))
 
     def _read_head(self) -> bool:
         end = self.raw.find(b"\r\n\r\n")

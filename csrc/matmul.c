@@ -77,8 +77,8 @@ typedef struct {
     int64_t panel_bytes;
     uint8_t *wide;         /* (n_threads, ROW_TILE, wide_row_bytes): each thread's unpacked weight rows */
     int64_t wide_row_bytes;
-    uint8_t *gathered;     /* an interleaved W, no tile kernel: (n_threads, gathered_bytes), each thread's rebuilt row */
-    int64_t gathered_bytes;
+    uint8_t *gathered;     /* a prompt's, interleaved W, no tile kernel: (n_threads, gathered_bytes), each thread's rebuilt row */
+    int64_t gathered_bytes; /* one thread's rebuilt row (a decode thread's lies in its own scratch) */
     int64_t n_groups, group_bytes;
     int64_t first_lone, n_lone, lone_bytes;
     x_rows shared;         /* a prompt's X rows, in the call's one buffer */
