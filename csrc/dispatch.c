@@ -186,6 +186,13 @@ vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
     return NULL;
 }
 
+vec_dot_cols_fn pyllm_active_vec_dot_cols(int type) {
+    const vec_dot_fn active = pyllm_active_vec_dot(type);
+    if (active != NULL && active == vec_dot_table_avx2_vnni[type]) return vec_dot_cols_table_avx2_vnni[type];
+    if (active != NULL && active == vec_dot_table_avx2[type]) return vec_dot_cols_table_avx2[type];
+    return NULL;
+}
+
 x16_kernel_fn pyllm_active_x16_kernel(int type) {
     return pyllm_active_tier() >= PYLLM_TIER_AVX512_VNNI ? x16_kernel_table_avx512_vnni[type] : NULL;
 }

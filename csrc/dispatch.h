@@ -18,6 +18,7 @@ vec_dot_fn pyllm_active_vec_dot(int type);
 vec_dot_rows_fn pyllm_active_vec_dot_rows(int type);
 vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type);  /* two groups of rows at once, or NULL */
 vec_dot_row_fn pyllm_active_vec_dot_row(int type);     /* one prepared row (act_row_prepare), or NULL */
+vec_dot_cols_fn pyllm_active_vec_dot_cols(int type);   /* several weight rows against one activation row, or NULL */
 
 /* The tile kernel of the active tier for an interleaved type (quants.h: x16_kernel_fn), or NULL. */
 x16_kernel_fn pyllm_active_x16_kernel(int type);

@@ -14,7 +14,8 @@
  *
  * X rows go, in this order, to panels of PANEL_ROWS (where the tier has panel
  * kernels: panel.h), to groups of VEC_DOT_MAX_ROWS for the multi-row kernels,
- * and one at a time to the row kernel or vec_dot. An interleaved W (quants.h:
+ * and one at a time to the row kernel, the cols kernel (VEC_DOT_COLS weight
+ * rows at once, where the format has no row kernel) or vec_dot. An interleaved W (quants.h:
  * 16 rows a tile) takes every X row, two at a time, to its tile kernel, a
  * prompt's as well: with its weights already in lanes it beats unpacking them
  * for the panels (SmolLM2's prompts at 2 threads, tiles vs plain panels: 20
@@ -57,6 +58,7 @@ typedef struct {
     vec_dot_rows_fn rows_kernel;  /* NULL: the type has none in this tier */
     vec_dot_rows_fn rows8_kernel; /* two groups at once; NULL: none */
     vec_dot_row_fn row_kernel;    /* a lone row, prepared (act_row_prepare); NULL: kernel on the q8 row */
+    vec_dot_cols_fn cols_kernel;  /* without a row kernel, a lone row against VEC_DOT_COLS weight rows at once; NULL: none */
     panel_kernel_fn panel_kernel; /* with n_panels > 0 */
     wide_unpack_fn wide_unpack;
     panel_prepare_fn panel_prepare;
@@ -229,7 +231,13 @@ static void dot_rows(const matmul_job *job, const x_rows *x, const pyllm_matrix 
                 continue;
             }
             const uint8_t *act = x->act + r * job->act_row_bytes;
-            for (int64_t c = tile; c < tile_end; ++c) y[c] = job->kernel(job->k, weight_row(job, w, c, gathered), act);
+            int64_t c = tile;
+            if (job->cols_kernel != NULL) {
+                for (; c + VEC_DOT_COLS <= tile_end; c += VEC_DOT_COLS) {
+                    job->cols_kernel(job->k, data + c * job->w_row_bytes, job->w_row_bytes, act, y + c);
+                }
+            }
+            for (; c < tile_end; ++c) y[c] = job->kernel(job->k, weight_row(job, w, c, gathered), act);
         }
     }
 }
@@ -332,6 +340,7 @@ int pyllm_matmul_many(int w_type, const pyllm_matrix *weights, int n_weights, in
         .rows_kernel = interleaved ? NULL : pyllm_active_vec_dot_rows(type),
         .rows8_kernel = interleaved ? NULL : pyllm_active_vec_dot_rows8(type),
         .row_kernel = interleaved ? NULL : pyllm_active_vec_dot_row(type),
+        .cols_kernel = interleaved ? NULL : pyllm_active_vec_dot_cols(type),
         .panel_kernel = pyllm_active_panel_kernel(type),
         .wide_unpack = pyllm_active_wide_unpack(type),
         .panel_prepare = pyllm_active_panel_prepare(),

@@ -290,6 +290,11 @@ void act_row_prepare(act_rows *row, int weight_type, const void *act, int64_t n,
 /* vec_dot(n, w, row->rows[0]), bit for bit (for scales that are not NaN), from a row act_row_prepare laid out. */
 typedef float (*vec_dot_row_fn)(int64_t n, const void *w, const act_rows *row);
 
+/* VEC_DOT_COLS weight rows at once (w, w + stride, ...) against one activation row act in vec_dot's format:
+ * out[c] = vec_dot(n, w + c * stride, act), bit for bit. */
+#define VEC_DOT_COLS 4
+typedef void (*vec_dot_cols_fn)(int64_t n, const void *w, int64_t stride, const void *act, float *out);
+
 /* One tile of an interleaved matrix (16 weight rows) against one or two activation rows, each laid out by
  * act_row_prepare for the interleaved type: out[r * stride + i] = vec_dot(n, weight row i, rows[r]) for i < 16
  * and r < n_rows, bit for bit (for scales that are not NaN). Unless prefetch is NULL, block step b also asks
@@ -317,6 +322,10 @@ extern const vec_dot_rows_fn vec_dot_rows8_table_avx2_vnni[PYLLM_TYPE_COUNT];
 /* Single-row kernels over a prepared row (NULL elsewhere: matmul calls vec_dot). */
 extern const vec_dot_row_fn vec_dot_row_table_avx2[PYLLM_TYPE_COUNT];
 extern const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT];
+/* Kernels of several weight rows against one activation row, for the formats without a row kernel (NULL
+ * elsewhere: matmul calls vec_dot). */
+extern const vec_dot_cols_fn vec_dot_cols_table_avx2[PYLLM_TYPE_COUNT];
+extern const vec_dot_cols_fn vec_dot_cols_table_avx2_vnni[PYLLM_TYPE_COUNT];
 
 /* The non-matmul inner loops, one set per tier, bit-identical (llama.cpp's arithmetic; see ops.c):
  * dots:         out[j] = q[d] . k_j[d] for the n keys k_j = k + j * stride, each in 8 lanes (lane i % 8 takes

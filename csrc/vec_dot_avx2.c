@@ -34,5 +34,6 @@ const vec_dot_fn vec_dot_table_avx2[PYLLM_TYPE_COUNT] = {0};
 const vec_dot_rows_fn vec_dot_rows_table_avx2[PYLLM_TYPE_COUNT] = {0};
 const vec_dot_rows_fn vec_dot_rows8_table_avx2[PYLLM_TYPE_COUNT] = {0};
 const vec_dot_row_fn vec_dot_row_table_avx2[PYLLM_TYPE_COUNT] = {0};
+const vec_dot_cols_fn vec_dot_cols_table_avx2[PYLLM_TYPE_COUNT] = {0};
 
 #endif

@@ -306,10 +306,12 @@ static const struct {
     const vec_dot_fn *one;
     const vec_dot_rows_fn *rows, *rows8;
     const vec_dot_row_fn *row;
+    const vec_dot_cols_fn *cols;
 } families[] = {
-    {"avx2", PYLLM_TIER_AVX2, vec_dot_table_avx2, vec_dot_rows_table_avx2, vec_dot_rows8_table_avx2, vec_dot_row_table_avx2},
+    {"avx2", PYLLM_TIER_AVX2, vec_dot_table_avx2, vec_dot_rows_table_avx2, vec_dot_rows8_table_avx2, vec_dot_row_table_avx2,
+     vec_dot_cols_table_avx2},
     {"avx2_vnni", PYLLM_TIER_AVX512_VNNI, vec_dot_table_avx2_vnni, vec_dot_rows_table_avx2_vnni,
-     vec_dot_rows8_table_avx2_vnni, vec_dot_row_table_avx2_vnni},
+     vec_dot_rows8_table_avx2_vnni, vec_dot_row_table_avx2_vnni, vec_dot_cols_table_avx2_vnni},
 };
 enum { N_FAMILIES = sizeof(families) / sizeof(families[0]) };
 
@@ -397,17 +399,51 @@ static void compare_row_kernel(int type, vec_dot_fn one, vec_dot_row_fn row_kern
     }
 }
 
-/* Row kernels (a lone activation row, prepared by act_row_prepare), in every family the CPU runs: the
- * single-row kernel's bits for every block count (the four-block steps of Q4_0 and their tails) and every
- * kind of weight bytes, extremes too; and pyllm_matmul of one row, which goes through the active tier's,
- * equals the single-row kernel on 1 to 3 threads. */
+/* One cols kernel (VEC_DOT_COLS weight rows at once) against its single-row kernel on 1..20 blocks of every
+ * kind of weight bytes, the weight rows a row and a block apart (the block: rows whose bytes overlap). */
+static void compare_cols_kernel(int type, vec_dot_fn one, vec_dot_cols_fn cols, int *checked, int *bad) {
+    const int64_t bs = pyllm_type_block_size(type), block_bytes = pyllm_type_size(type);
+    for (int mode = 0; mode < FILL_MODES; ++mode) {
+        for (int blocks = 1; blocks <= 20; ++blocks) {
+            const int64_t n = bs * blocks, row_bytes = blocks * block_bytes;
+            uint8_t *w = malloc((size_t)(VEC_DOT_COLS * row_bytes));
+            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            float *x = malloc((size_t)n * sizeof(float));
+            random_weights(type, w, VEC_DOT_COLS, n, mode);
+            for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+            pyllm_quantize_activations(type, x, act, n);
+            const int64_t strides[2] = {row_bytes, block_bytes};
+            for (int si = 0; si < 2; ++si) {
+                float got[VEC_DOT_COLS];
+                cols(n, w, strides[si], act, got);
+                for (int c = 0; c < VEC_DOT_COLS; ++c) {
+                    const float want = one(n, w + c * strides[si], act);
+                    *bad += memcmp(&want, &got[c], sizeof(float)) != 0;
+                    ++*checked;
+                }
+            }
+            free(x);
+            free(act);
+            free(w);
+        }
+    }
+}
+
+/* Row kernels (a lone activation row, prepared by act_row_prepare) and cols kernels (a lone row against
+ * several weight rows), in every family the CPU runs: the single-row kernel's bits for every block count (the
+ * four-block steps of Q4_0 and their tails) and every kind of weight bytes, extremes too; and pyllm_matmul of
+ * one row, which goes through the active tier's, equals the single-row kernel on 1 to 3 threads. */
 static void test_row_kernels_agree(void) {
     if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
-    int checked = 0, bad = 0, types = 0;
+    int checked = 0, bad = 0, types = 0, cols_types = 0;
     for (int fi = 0; fi < N_FAMILIES; ++fi) {
         if (families[fi].tier > pyllm_cpu_best_tier()) continue;
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
             const int type = weight_types[ti];
+            if (families[fi].cols[type] != NULL) {
+                cols_types++;
+                compare_cols_kernel(type, families[fi].one[type], families[fi].cols[type], &checked, &bad);
+            }
             if (families[fi].row[type] == NULL) continue;
             types++;
             compare_row_kernel(type, families[fi].one[type], families[fi].row[type], &checked, &bad);
@@ -415,7 +451,7 @@ static void test_row_kernels_agree(void) {
     }
     for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
         const int type = weight_types[ti];
-        if (pyllm_active_vec_dot_row(type) == NULL) continue;
+        if (pyllm_active_vec_dot_row(type) == NULL && pyllm_active_vec_dot_cols(type) == NULL) continue;
         const vec_dot_fn one = pyllm_active_vec_dot(type);
         enum { N_OUT = 37, BLOCKS = 7 };  /* rows not a multiple of the tile, so threads split unevenly */
         const int64_t n = pyllm_type_block_size(type) * BLOCKS, row_bytes = BLOCKS * pyllm_type_size(type);
@@ -435,8 +471,9 @@ static void test_row_kernels_agree(void) {
         free(act);
         free(w);
     }
-    CHECK(types >= 3 && bad == 0, "row kernels: %d types, %d of %d outputs differ from the single-row kernel", types, bad,
-          checked);
+    CHECK(types >= 3 && cols_types >= 2 && bad == 0,
+          "row and cols kernels: %d and %d types, %d of %d outputs differ from the single-row kernel", types, cols_types,
+          bad, checked);
 }
 
 /* Q5_0 regrouped (Q5_0_G8) is Q5_0: the same values, and the same bits from every tier's vec_dot and from
