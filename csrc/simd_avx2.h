@@ -40,4 +40,16 @@ static inline float lanes_total(__m256 acc) {
     return _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2)));
 }
 
+/* lanes_total of four accumulators at once, lane i of the result acc[i]'s: the same additions (each sum's halves,
+ * then its pairs, then the last two), four sums a vector, so one row's closing takes a third of the operations. */
+static inline __m128 lanes_total4(const __m256 acc[4]) {
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(acc[0], acc[1], 0x20), _mm256_permute2f128_ps(acc[0], acc[1], 0x31));
+    const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(acc[2], acc[3], 0x20), _mm256_permute2f128_ps(acc[2], acc[3], 0x31));
+    /* ab = [a4 | b4], cd = [c4 | d4]; pairs: [a4_0 + a4_2, a4_1 + a4_3, c.., c.. | b.., b.., d.., d..] */
+    const __m256 pairs = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+    /* [a, c, a, c | b, d, b, d] */
+    const __m256 totals = _mm256_add_ps(_mm256_shuffle_ps(pairs, pairs, 0x88), _mm256_shuffle_ps(pairs, pairs, 0xDD));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(totals), _mm256_extractf128_ps(totals, 1));
+}
+
 #endif /* PYLLM_SIMD_AVX2_H */
