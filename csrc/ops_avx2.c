@@ -226,13 +226,10 @@ static inline float quantize_block32(const float *x, int8_t *qs, int32_t *sum) {
     return amax / 127.0f;
 }
 
-/* fp32_to_fp16's half (nearest even; NaN quieted, its payload's top bits kept) by F16C: no call, no branches */
-static inline fp16_t to_half1(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
-
 static void quantize_q8_0_avx2(const float *x, void *dst, int64_t n) {
     block_q8_0 *y = dst;
     int32_t sum;
-    for (int64_t b = 0; b < n / QK32; ++b) y[b].d = to_half1(quantize_block32(x + b * QK32, y[b].qs, &sum));
+    for (int64_t b = 0; b < n / QK32; ++b) y[b].d = float_to_half(quantize_block32(x + b * QK32, y[b].qs, &sum));
 }
 
 static void quantize_q8_1_avx2(const float *x, void *dst, int64_t n) {
@@ -240,8 +237,8 @@ static void quantize_q8_1_avx2(const float *x, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / QK32; ++b) {
         int32_t sum;
         const float d = quantize_block32(x + b * QK32, y[b].qs, &sum);
-        y[b].d = to_half1(d);
-        y[b].s = to_half1(d * (float)sum);
+        y[b].d = float_to_half(d);
+        y[b].s = float_to_half(d * (float)sum);
     }
 }
 

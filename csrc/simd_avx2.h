@@ -11,6 +11,8 @@
 
 /* fp16 -> fp32 by F16C: the same value as fp16_to_fp32 for every non-NaN half. */
 static inline float half_to_float(fp16_t h) { return _cvtsh_ss(h); }
+/* fp32 -> fp16 by F16C: fp32_to_fp16's half (nearest even; NaN quieted, its payload's top bits kept). */
+static inline fp16_t float_to_half(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
