@@ -222,7 +222,8 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     name = alias or Path(llm.model_path).stem
-    app = create_app(llm, model_name=name, api_key=api_key)
+    catalogue_name = (model,) if model in catalogue.CATALOGUE and model != name else ()
+    app = create_app(llm, model_name=name, api_key=api_key, other_names=catalogue_name)
     click.echo(f"pyllm serve: {name} on http://{host}:{port}/v1 ({parallel} parallel sequences of {n_ctx} "
                f"tokens{', API key required' if api_key else ''})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -165,8 +165,10 @@ class _Gate:
             self.metrics.http_requests.inc(label=str(status))
 
 
-def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> FastAPI:
-    """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name`."""
+def create_app(llm: Llama, *, model_name: str, api_key: str | None = None,
+               other_names: tuple[str, ...] = ()) -> FastAPI:
+    """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name` (the id
+    /v1/models lists and responses carry), "default" and `other_names` (e.g. the catalogue name it was started by)."""
     app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = llm.engine.metrics
     started = int(time.time())
@@ -182,7 +184,7 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None) -> Fa
                             status_code=exc.status_code)
 
     def check_model(name: str | None) -> None:
-        if name is not None and name not in (model_name, "default"):
+        if name is not None and name != model_name and name != "default" and name not in other_names:
             raise APIError(404, f"the model {name!r} does not exist; this server has {model_name!r}", "model",
                            "model_not_found")
 

@@ -20,6 +20,7 @@ from pyllm.server import create_app
 
 API_KEY = "test-key"
 MODEL = "smollm2"
+CATALOGUE_NAME = "smollm2-135m-instruct"  # the name the server was started by, answered to as well
 N_CTX = 1024
 
 
@@ -32,8 +33,8 @@ def _free_port() -> int:
 class _Server:
     def __init__(self, llm: Llama, api_key: str | None) -> None:
         self.port = _free_port()
-        config = uvicorn.Config(create_app(llm, model_name=MODEL, api_key=api_key), host="127.0.0.1",
-                                port=self.port, log_level="error")
+        app = create_app(llm, model_name=MODEL, api_key=api_key, other_names=(CATALOGUE_NAME,))
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -113,6 +114,8 @@ def test_openai_client_errors(server: _Server, client: openai.OpenAI) -> None:
         client.completions.create(model=MODEL, prompt="hi", temperature=-1)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-nothing", prompt="hi")
+    by_catalogue_name = client.completions.create(model=CATALOGUE_NAME, prompt="hi", max_tokens=1)
+    assert by_catalogue_name.model == MODEL and [m.id for m in client.models.list()] == [MODEL]
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
 
