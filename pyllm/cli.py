@@ -201,7 +201,9 @@ def chat(model: str, system: str | None, stats: bool, temperature: float | None,
 @click.option("--cache-ram", type=click.IntRange(min=0), default=1024, show_default=True,
               help="MiB of finished sequences' KV kept for prompt-prefix reuse.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every request but /health.")
-@click.option("--alias", default=None, help="Model name clients use (default: the file's name).")
+@click.option("--alias", default=None,
+              help="Model name /v1/models lists and responses carry (default: the file's name); requests may "
+                   "also name the catalogue name the server was started by, or 'default'.")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
               help="Threads (default: all physical cores).")
 def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx: int, prefill_chunk: int,
