@@ -5,8 +5,9 @@
     for step in request:              # Steps as they are sampled; request.finish_reason at the end
         ...
 
-Requests wait in a bounded queue and join the running batch between steps, up to n_parallel at a
-time. Each step is one forward pass over:
+Requests wait in a queue and join the running batch between steps, up to n_parallel at a time; a
+request that finds all n_parallel slots taken (or promised to earlier arrivals) and max_queued
+requests waiting is refused (QueueFullError). Each step is one forward pass over:
 
 - one decode row for every sequence that is generating, and
 - up to `prefill_chunk` prompt rows of sequences still reading their prompts (oldest first),
@@ -171,8 +172,10 @@ class Engine:
         with self._wake:
             if self._closed:
                 raise EngineClosedError("the engine is shut down")
-            if len(self._waiting) >= self.max_queued:
-                raise QueueFullError(f"{len(self._waiting)} requests are already waiting; try again later")
+            free_slots = max(0, self.n_parallel - len(self._active))  # taken by the next waiting ones at once
+            if len(self._waiting) >= self.max_queued + free_slots:
+                raise QueueFullError(f"{self.n_parallel} sequences are running and {self.max_queued} requests "
+                                     "are waiting; try again later")
             self._waiting.append(request)
             self.metrics.requests_queued.set(len(self._waiting))
             self._wake.notify()

@@ -183,16 +183,35 @@ def test_a_request_that_fails_to_sample_gets_the_error_and_the_others_go_on(mode
     engine.close()
 
 
+def test_a_burst_takes_the_free_slots_before_the_queue(model: Model) -> None:
+    """Requests that arrive together while the scheduler is busy wait for their (free) slots without counting
+    against max_queued: two slots and no queue take two requests, whatever the scheduler has admitted yet."""
+    engine = Engine(model, TinyTokenizer(), n_ctx=16, n_parallel=2, max_queued=0)
+    busy = [engine.submit(PROMPTS[i], GREEDY, 10_000) for i in range(2)]
+    with pytest.raises(QueueFullError):
+        engine.submit(PROMPTS[2], GREEDY, 3)
+    for request in busy:
+        stream = iter(request)
+        next(stream)
+        request.cancel()
+        list(stream)
+    assert generate(engine, PROMPTS[2], 3) == generate(engine, PROMPTS[2], 3)
+    engine.close()
+
+
 def test_queue_limit_cancellation_and_context_shift(model: Model) -> None:
     engine = Engine(model, TinyTokenizer(), n_ctx=16, n_parallel=1, max_queued=1)
-    running = engine.submit(PROMPTS[0], GREEDY, 40)          # 40 tokens in a 16-token context: shifts
+    running = engine.submit(PROMPTS[0], GREEDY, 10_000)      # holds the slot until cancelled
     steps = iter(running)
     next(steps)
     waiting = engine.submit(PROMPTS[1], GREEDY, 3)
     with pytest.raises(QueueFullError):
         engine.submit(PROMPTS[2], GREEDY, 3)
-    assert len([next(steps)] + list(steps)) == 39 and running.finish_reason == "length"
+    running.cancel()
+    list(steps)
     assert len(list(waiting)) == 3
+    shifting = engine.submit(PROMPTS[0], GREEDY, 40)         # 40 tokens in a 16-token context: shifts
+    assert len(list(shifting)) == 40 and shifting.finish_reason == "length"
 
     endless = engine.submit(PROMPTS[3], GREEDY, 10_000)
     stream = iter(endless)

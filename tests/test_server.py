@@ -206,10 +206,19 @@ def test_a_shared_prompt_prefix_is_reused(client: openai.OpenAI) -> None:
 
 
 def test_a_full_queue_answers_503(smollm2_path) -> None:
+    """One slot, no queue: a request is served while the slot is free and refused with a JSON 503 while a
+    stream holds it."""
     llm = Llama(str(smollm2_path), n_ctx=64, n_threads=1, max_queued=0)
     s = _Server(llm, None)
     try:
-        response = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        body = {"prompt": "hi", "max_tokens": 2}
+        assert httpx.post(s.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        streaming = {"prompt": "hi", "max_tokens": 60, "stream": True,
+                     "logit_bias": {str(t): -100 for t in llm.tokenizer.eog_ids}}
+        with httpx.stream("POST", s.url + "/v1/completions", json=streaming, timeout=30) as stream:
+            lines = stream.iter_lines()  # kept: a dropped iterator closes the stream, which frees the slot
+            next(lines)                  # the stream holds the slot now
+            response = httpx.post(s.url + "/v1/completions", json=body, timeout=30)
         assert response.status_code == 503 and response.json()["error"]["code"] == "server_busy"
     finally:
         s.stop()
