@@ -14,7 +14,8 @@ to the single client of the same round (median and range). Reports in vLLM's voc
     request throughput (req/s), output token throughput (tok/s), TTFT, TPOT (time per output token
     after the first) and end-to-end latency: mean, median (p50) and p99, in milliseconds; and the
     decode rate, clients / median TPOT (tok/s: the streams' aggregate once they are generating, without
-    their prompts' time);
+    their prompts' time; it assumes every client's stream runs at once, so against a --url server with
+    fewer slots than clients it overstates: read the output throughput there);
 
 and a prefix-cache probe: TTFT of a prompt with a --prefix-tokens shared prefix, cold and then warm (a
 second request sharing the prefix). Also checks that every answer equals the single-client answer to the
