@@ -572,6 +572,11 @@ def main() -> None:
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # quiet llama.cpp's own log
     text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
 
+    import llama_cpp
+    features = llama_cpp.llama_print_system_info().decode().strip()
+    build = "AVX-512" if "AVX512 = 1" in features else "AVX2" if "AVX2 = 1" in features else "non-x86 or pre-AVX2"
+    print(f"llama.cpp {llama_cpp.__version__}, its {build} build ({features}); pyllm follows the AVX2 build's "
+          "arithmetic, which the AVX-512 build's exp, softmax sums and float dots differ from", flush=True)
     started = time.perf_counter()
     rows = []
     for model in args.models:
