@@ -29,6 +29,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -161,8 +162,11 @@ class _EventStreamClient(asyncio.Protocol):
             return False
         status_line, _, header_block = bytes(self.raw[:end]).partition(b"\r\n")
         status = int(status_line.split()[1])
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {bytes(self.raw[end + 4:end + 204])!r}")
+        if status != 200:  # an error's JSON body, once it is all here (or what came of it by the close)
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", header_block)
+            if length is not None and len(self.raw) - end - 4 < int(length[1]):
+                return False
+            raise RuntimeError(f"HTTP {status}: {bytes(self.raw[end + 4:end + 304])!r}")
         self.chunked = b"transfer-encoding: chunked" in header_block.lower()
         del self.raw[:end + 4]
         return True

@@ -174,8 +174,8 @@ class Engine:
                 raise EngineClosedError("the engine is shut down")
             free_slots = max(0, self.n_parallel - len(self._active))  # taken by the next waiting ones at once
             if len(self._waiting) >= self.max_queued + free_slots:
-                raise QueueFullError(f"{self.n_parallel} sequences are running and {self.max_queued} requests "
-                                     "are waiting; try again later")
+                raise QueueFullError(f"all {self.n_parallel} slots are busy and the queue of {self.max_queued} "
+                                     "is full; try again later")
             self._waiting.append(request)
             self.metrics.requests_queued.set(len(self._waiting))
             self._wake.notify()
