@@ -31,6 +31,7 @@ static const type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q5_1] = {"Q5_1", QK32, sizeof(block_q5_1), PYLLM_TYPE_Q8_1},
     [PYLLM_TYPE_Q8_0] = {"Q8_0", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q8_0_X16] = {"Q8_0 (16-row tiles)", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0},
+    [PYLLM_TYPE_Q5_0_X16] = {"Q5_0 (16-row tiles)", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0},
     [PYLLM_TYPE_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), PYLLM_TYPE_Q8_K},
     [PYLLM_TYPE_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), PYLLM_TYPE_Q8_K},

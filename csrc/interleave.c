@@ -1,5 +1,6 @@
 /*
- * interleave.c - matrices interleaved 16 rows at a time (PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16; quants.h):
+ * interleave.c - matrices interleaved 16 rows at a time (PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16,
+ * PYLLM_TYPE_Q5_0_X16; quants.h):
  * building them, reading a row back, and which tier has their kernels.
  *
  * The layout serves the decode kernels (interleave_avx512_vnni.c), where lane r of a vector is weight row r:
@@ -13,6 +14,7 @@ int x16_base_type(int type) {
     switch (type) {
     case PYLLM_TYPE_Q4_1_X16: return PYLLM_TYPE_Q4_1;
     case PYLLM_TYPE_Q8_0_X16: return PYLLM_TYPE_Q8_0;
+    case PYLLM_TYPE_Q5_0_X16: return PYLLM_TYPE_Q5_0;
     default: return -1;
     }
 }
@@ -21,6 +23,7 @@ static int interleaved_of(int type) {
     switch (type) {
     case PYLLM_TYPE_Q4_1: return PYLLM_TYPE_Q4_1_X16;
     case PYLLM_TYPE_Q8_0: return PYLLM_TYPE_Q8_0_X16;
+    case PYLLM_TYPE_Q5_0: return PYLLM_TYPE_Q5_0_X16;
     default: return -1;
     }
 }
@@ -57,6 +60,28 @@ static void q8_0_from_tile(const tile_q8_0 *t, int r, block_q8_0 *x) {
     }
 }
 
+/* Element e's fifth bit sits in lane e % 16 / 4 (low nibbles) or 4 + that (high), at position e % 4. Row 0
+ * comes first (pyllm_interleave's order) and clears the masks the rows then set their bits in. */
+static void q5_0_to_tile(const block_q5_0 *x, tile_q5_0 *t, int r) {
+    t->d[r] = x->d;
+    for (int c = 0; c < 4; ++c) memcpy(t->qs[c][r], x->qs + 4 * c, 4);
+    if (r == 0) memset(t->qh, 0, sizeof t->qh);
+    const uint32_t high = q5_high_bits(x->qh);
+    for (int e = 0; e < QK32; ++e) {
+        t->qh[e / 16 * 4 + e % 16 / 4] |= (uint64_t)(high >> e & 1) << (4 * r + e % 4);
+    }
+}
+
+static void q5_0_from_tile(const tile_q5_0 *t, int r, block_q5_0 *x) {
+    x->d = t->d[r];
+    for (int c = 0; c < 4; ++c) memcpy(x->qs + 4 * c, t->qs[c][r], 4);
+    memset(x->qh, 0, sizeof x->qh);
+    for (int e = 0; e < QK32; ++e) {
+        const int lane = e / 16 * 4 + e % 16 / 4;
+        x->qh[e / 8] |= (uint8_t)((t->qh[lane] >> (4 * r + e % 4) & 1) << (e % 8));
+    }
+}
+
 int pyllm_interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n) {
     if (interleaved_of(type) < 0) return PYLLM_ERR_TYPE;
     if (n_rows < 0 || n_rows % X16_ROWS != 0 || n <= 0 || n % QK32 != 0) return PYLLM_ERR_SHAPE;
@@ -68,6 +93,8 @@ int pyllm_interleave(int type, const void *src, void *dst, int64_t n_rows, int64
         for (int64_t b = 0; b < nb; ++b) {
             if (type == PYLLM_TYPE_Q4_1) {
                 q4_1_to_tile((const block_q4_1 *)blocks + b, (tile_q4_1 *)dst + tile * nb + b, r);
+            } else if (type == PYLLM_TYPE_Q5_0) {
+                q5_0_to_tile((const block_q5_0 *)blocks + b, (tile_q5_0 *)dst + tile * nb + b, r);
             } else {
                 q8_0_to_tile((const block_q8_0 *)blocks + b, (tile_q8_0 *)dst + tile * nb + b, r);
             }
@@ -82,6 +109,8 @@ void x16_gather_row(int type, const void *w, int64_t row, int64_t n, void *dst) 
     for (int64_t b = 0; b < nb; ++b) {
         if (type == PYLLM_TYPE_Q4_1_X16) {
             q4_1_from_tile((const tile_q4_1 *)w + tile * nb + b, r, (block_q4_1 *)dst + b);
+        } else if (type == PYLLM_TYPE_Q5_0_X16) {
+            q5_0_from_tile((const tile_q5_0 *)w + tile * nb + b, r, (block_q5_0 *)dst + b);
         } else {
             q8_0_from_tile((const tile_q8_0 *)w + tile * nb + b, r, (block_q8_0 *)dst + b);
         }

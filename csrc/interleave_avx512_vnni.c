@@ -10,7 +10,8 @@
  * output follows vec_dot_generic.c's float steps exactly: lane l of the reference is accumulator l here, its
  * scale d_w * d_a is the same product, and the closing tree is the same adds between accumulators. Q8_0's
  * offset of 128 comes back out exactly: each lane's sum starts from -128 * its 4 activations (act_rows
- * offsets).
+ * offsets); Q5_0's q (0..31: the nibble, plus 16 by a byte-masked add where the lane's mask has the fifth
+ * bit) the same way with 16.
  *
  * Built without global -m flags: the kernels get their target by pragma and run only where dispatch.c has
  * seen the CPU features.
@@ -32,9 +33,11 @@
 
 #define KERNEL_INLINE static inline __attribute__((always_inline))
 
-enum { FMT_Q4_1, FMT_Q8_0 };
+enum { FMT_Q4_1, FMT_Q8_0, FMT_Q5_0 };
 
-KERNEL_INLINE size_t tile_block_bytes(int fmt) { return fmt == FMT_Q4_1 ? sizeof(tile_q4_1) : sizeof(tile_q8_0); }
+KERNEL_INLINE size_t tile_block_bytes(int fmt) {
+    return fmt == FMT_Q4_1 ? sizeof(tile_q4_1) : fmt == FMT_Q5_0 ? sizeof(tile_q5_0) : sizeof(tile_q8_0);
+}
 
 /* Lane l's 4 activations of block b of a prepared row, in every lane. */
 KERNEL_INLINE __m512i act_lane(const act_rows *row, int64_t b, int l) {
@@ -67,7 +70,7 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
         if (ahead != NULL && next_tile) {  /* into L2: a tile's worth of lines in L1's few fill buffers would stall this pass */
 #pragma GCC unroll 9
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
-        } else if (ahead != NULL && fmt == FMT_Q4_1) {  /* Q8_0's blocks straddle lines: its stream does better without */
+        } else if (ahead != NULL && fmt == FMT_Q4_1) {  /* Q8_0's and Q5_0's straddle lines: their streams do better without */
 #pragma GCC unroll 9
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
         }
@@ -88,6 +91,23 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
                 for (int r = 0; r < n_rows; ++r) {
                     acc[r][c] = lane_step(acc[r][c], scale[r], _mm512_setzero_si512(), low, act_lane(&rows[r], b, c));
                     acc[r][c + 4] = lane_step(acc[r][c + 4], scale[r], _mm512_setzero_si512(), high, act_lane(&rows[r], b, c + 4));
+                }
+            }
+        } else if (fmt == FMT_Q5_0) {
+            const tile_q5_0 *x = (const tile_q5_0 *)block;
+            const __m512i sixteen = _mm512_set1_epi8(16);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {  /* lanes c (low nibbles) and c + 4 (high), each plus its fifth bits */
+                const __m512i q = _mm512_loadu_si512(x->qs[c]);
+                const __m512i low = _mm512_and_si512(q, nibble), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+                const __m512i q_low = _mm512_mask_add_epi8(low, _cvtu64_mask64(x->qh[c]), low, sixteen);
+                const __m512i q_high = _mm512_mask_add_epi8(high, _cvtu64_mask64(x->qh[c + 4]), high, sixteen);
+#pragma GCC unroll 2
+                for (int r = 0; r < n_rows; ++r) {
+                    const __m512i start_low = _mm512_set1_epi32(rows[r].offsets[8 * b + c]);
+                    const __m512i start_high = _mm512_set1_epi32(rows[r].offsets[8 * b + c + 4]);
+                    acc[r][c] = lane_step(acc[r][c], scale[r], start_low, q_low, act_lane(&rows[r], b, c));
+                    acc[r][c + 4] = lane_step(acc[r][c + 4], scale[r], start_high, q_high, act_lane(&rows[r], b, c + 4));
                 }
             }
         } else {
@@ -122,6 +142,7 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
 
 TILE_KERNEL(tile_q4_1_kernel, FMT_Q4_1)
 TILE_KERNEL(tile_q8_0_kernel, FMT_Q8_0)
+TILE_KERNEL(tile_q5_0_kernel, FMT_Q5_0)
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -131,6 +152,7 @@ TILE_KERNEL(tile_q8_0_kernel, FMT_Q8_0)
 
 const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_1_X16] = tile_q4_1_kernel, [PYLLM_TYPE_Q8_0_X16] = tile_q8_0_kernel,
+    [PYLLM_TYPE_Q5_0_X16] = tile_q5_0_kernel,
 };
 
 #else /* not x86-64 with GCC or clang: no tile kernels */

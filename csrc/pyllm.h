@@ -36,11 +36,12 @@ enum pyllm_type {
     /* Not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time
      * (pyllm_group_q5_0; quants.h), the same values, sums and bits, fewer instructions a block. */
     PYLLM_TYPE_Q5_0_G8 = 32,
-    /* Not GGUF types: a Q4_1 / Q8_0 matrix interleaved 16 rows at a time (pyllm_interleave; quants.h), the
-     * same values and the same matmul bits, for the decode kernels that hold 16 weight rows in a vector. */
+    /* Not GGUF types: a Q4_1 / Q8_0 / Q5_0 matrix interleaved 16 rows at a time (pyllm_interleave; quants.h),
+     * the same values and the same matmul bits, for the decode kernels that hold 16 weight rows in a vector. */
     PYLLM_TYPE_Q4_1_X16 = 33,
     PYLLM_TYPE_Q8_0_X16 = 34,
-    PYLLM_TYPE_COUNT = 35
+    PYLLM_TYPE_Q5_0_X16 = 35,
+    PYLLM_TYPE_COUNT = 36
 };
 
 /* SIMD tiers, ordered: a CPU that runs a tier runs every lower one. */
@@ -87,7 +88,7 @@ int pyllm_group_q5_0(const void *src, void *dst, int64_t n_rows, int64_t n);
  * (keep the matrix as it is). */
 int pyllm_interleaved_type(int type);
 
-/* A matrix of n_rows rows (a multiple of 16) of n elements of `type` (Q4_1, Q8_0) into dst in its interleaved
+/* A matrix of n_rows rows (a multiple of 16) of n elements of `type` (Q4_1, Q8_0, Q5_0) into dst in its interleaved
  * layout (as many bytes). */
 int pyllm_interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n);
 

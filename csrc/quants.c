@@ -483,7 +483,9 @@ static int64_t act_rows_blocks(int weight_type, int64_t n) {
 /* Q5_0's kernels take the unsigned q (0..31) and each lane's share of the offset 16 apart, the interleaved
  * Q8_0's q + 128 and the share of 128: the offset, or 0 for weights without one. */
 static int lane_offset(int weight_type) {
-    if (weight_type == PYLLM_TYPE_Q5_0 || weight_type == PYLLM_TYPE_Q5_0_G8) return 16;
+    if (weight_type == PYLLM_TYPE_Q5_0 || weight_type == PYLLM_TYPE_Q5_0_G8 || weight_type == PYLLM_TYPE_Q5_0_X16) {
+        return 16;
+    }
     return weight_type == PYLLM_TYPE_Q8_0_X16 ? 128 : 0;
 }
 

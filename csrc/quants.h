@@ -103,10 +103,10 @@ static inline block_q5_0 q5_0_g8_block(const void *row, int64_t nb, int64_t b) {
     return out;
 }
 
-/* PYLLM_TYPE_Q4_1_X16 / PYLLM_TYPE_Q8_0_X16: a matrix of Q4_1 / Q8_0 rows, 16 rows a tile (the row count a
- * multiple of 16), tile t's block b at index t * n_blocks + b: the 16 rows' block b with their scales side by
- * side and their quants interleaved 4 bytes at a time, so that one 64-byte load holds the same 4 elements
- * (a lane of the reduction order) of all 16 rows. The same bytes as the plain matrix, moved. */
+/* PYLLM_TYPE_Q4_1_X16 / PYLLM_TYPE_Q8_0_X16 / PYLLM_TYPE_Q5_0_X16: a matrix of Q4_1 / Q8_0 / Q5_0 rows, 16 rows
+ * a tile (the row count a multiple of 16), tile t's block b at index t * n_blocks + b: the 16 rows' block b with
+ * their scales side by side and their quants interleaved 4 bytes at a time, so that one 64-byte load holds the
+ * same 4 elements (a lane of the reduction order) of all 16 rows. The same bits as the plain matrix, moved. */
 #define X16_ROWS 16
 typedef struct {
     fp16_t d[X16_ROWS];
@@ -136,6 +136,15 @@ typedef struct {
     uint8_t qs[8][X16_ROWS][4];  /* [l][r][j]: row r's element 4l + j plus 128 (0..255: the unsigned operand) */
 } tile_q8_0;
 static_assert(sizeof(tile_q8_0) == X16_ROWS * sizeof(block_q8_0), "tile_q8_0 size");
+
+/* Q5_0's tile: the nibbles as Q4_1's tile holds them, and each lane's fifth bits as one 64-bit mask, bit
+ * 4 r + j row r's element 4l + j's (the mask a byte-masked add takes: q = nibble + 16 where the bit is set). */
+typedef struct {
+    fp16_t d[X16_ROWS];
+    uint64_t qh[8];              /* [l]: bit 4 r + j is row r's fifth bit of element 4l + j */
+    uint8_t qs[4][X16_ROWS][4];  /* [c][r][j]: row r's qs[4c + j] (elements 4c + j low, 16 + 4c + j high) */
+} tile_q5_0;
+static_assert(sizeof(tile_q5_0) == X16_ROWS * sizeof(block_q5_0), "tile_q5_0 size");
 
 /* The plain type of an interleaved one (PYLLM_TYPE_Q4_1 for PYLLM_TYPE_Q4_1_X16, ...), or -1. */
 int x16_base_type(int type);

@@ -41,9 +41,10 @@ class GGMLType(IntEnum):
     Q4_0_LANES = 31
     # not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time (group_q5_0)
     Q5_0_G8 = 32
-    # not GGUF types: a Q4_1 / Q8_0 matrix interleaved 16 rows at a time (interleave)
+    # not GGUF types: a Q4_1 / Q8_0 / Q5_0 matrix interleaved 16 rows at a time (interleave)
     Q4_1_X16 = 33
     Q8_0_X16 = 34
+    Q5_0_X16 = 35
 
 
 TIERS = ("generic", "avx2", "avx512", "avx512_vnni")
@@ -182,8 +183,9 @@ def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
 
 
 def interleave(data: np.ndarray, type_id: int, out: np.ndarray | None = None) -> np.ndarray:
-    """A Q4_1 / Q8_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, in its interleaved layout (the type
-    interleaved_type names): 16 rows a tile, their quants side by side 4 bytes at a time, the same values and the
+    """A Q4_1 / Q8_0 / Q5_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, in its interleaved layout (the type
+    interleaved_type names): 16 rows a tile, their quants side by side 4 bytes at a time (Q5_0's fifth bits as a
+    64-bit mask a lane), the same values and the
     same matmul bits, for kernels that hold 16 weight rows in a vector. Into `out` (the same shape, contiguous),
     or a new 64-byte-aligned array. Each tile keeps its rows' bytes, so a matrix can go a slice of tiles at a time."""
     raw = _as_bytes(data)

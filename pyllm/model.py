@@ -96,8 +96,8 @@ class Weights:
         """A matrix. llama.cpp interleaves a Q4_0 matrix whose row count is a multiple of 8 (and reduces it in
         that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES). A matrix
         the matmuls read (`matmul`) is rebuilt, where it gains, into a copy in a faster layout with the same
-        bits, and its pages in the mapping released: Q4_1 and Q8_0 interleaved 16 rows at a time where the
-        CPU has those kernels (the decode steps' matmuls), Q5_0 regrouped (Q5_0_G8). The embedding reads its
+        bits, and its pages in the mapping released: Q4_1, Q8_0 and Q5_0 interleaved 16 rows at a time where the
+        CPU has those kernels (the decode steps' matmuls), Q5_0 otherwise regrouped (Q5_0_G8). The embedding reads its
         rows from the matrix (Tensor.matrix.rows), whichever layout it has."""
         info = self._info(name)
         raw = self._f.raw(name)

@@ -24,7 +24,8 @@ from pyllm.kernels import GGMLType, KernelError
 # Q5_0_G8: Q5_0 blocks regrouped)
 KERNEL_ONLY_TYPES = (GGMLType.Q4_0_LANES, GGMLType.Q5_0_G8)
 # matrices interleaved 16 rows at a time: matmul only (no row of their own)
-INTERLEAVED_TYPES = {GGMLType.Q4_1_X16: GGMLType.Q4_1, GGMLType.Q8_0_X16: GGMLType.Q8_0}
+INTERLEAVED_TYPES = {GGMLType.Q4_1_X16: GGMLType.Q4_1, GGMLType.Q8_0_X16: GGMLType.Q8_0,
+                     GGMLType.Q5_0_X16: GGMLType.Q5_0}
 WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, *KERNEL_ONLY_TYPES, *INTERLEAVED_TYPES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
 MATMUL_TYPES = WEIGHT_TYPES + list(KERNEL_ONLY_TYPES)
@@ -326,6 +327,7 @@ def test_interleaved_type_follows_the_tier() -> None:
             want = use_tier == "avx512_vnni"
             assert (kernels.interleaved_type(GGMLType.Q4_1) == GGMLType.Q4_1_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q8_0) == GGMLType.Q8_0_X16) == want
+            assert (kernels.interleaved_type(GGMLType.Q5_0) == GGMLType.Q5_0_X16) == want
             assert kernels.interleaved_type(GGMLType.Q4_K) is None
     finally:
         kernels.set_tier(tier)

@@ -345,10 +345,10 @@ def test_c_blocks_equal_the_step_by_step_reference(tmp_path: Path, arch: str, we
             np.testing.assert_array_equal(gl.positions, wl.positions)
 
 
-@pytest.mark.parametrize(("arch", "weight_type"), [("llama", Q.Q4_1), ("gemma3", Q.Q8_0)],
-                         ids=["llama-Q4_1", "gemma3-Q8_0"])
-def test_q4_1_and_q8_0_matrices_are_read_interleaved(tmp_path: Path, arch: str, weight_type: Q) -> None:
-    """Where the CPU has the tile kernels, the matmuls read a Q4_1 / Q8_0 matrix from its interleaved copy, and
+@pytest.mark.parametrize(("arch", "weight_type"), [("llama", Q.Q4_1), ("gemma3", Q.Q8_0), ("qwen2", Q.Q5_0)],
+                         ids=["llama-Q4_1", "gemma3-Q8_0", "qwen2-Q5_0"])
+def test_q4_1_q8_0_and_q5_0_matrices_are_read_interleaved(tmp_path: Path, arch: str, weight_type: Q) -> None:
+    """Where the CPU has the tile kernels, the matmuls read a Q4_1 / Q8_0 / Q5_0 matrix from its interleaved copy, and
     the embedding its rows from there when the output matrix is the (Q8_0) token_embd (gemma3's is tied); the
     tensors' own bytes stay the file's."""
     interleaved = kernels.interleaved_type(int(weight_type))
@@ -373,11 +373,17 @@ def test_q4_1_and_q8_0_matrices_are_read_interleaved(tmp_path: Path, arch: str, 
 
 
 def test_q5_0_matrices_are_read_regrouped(tmp_path: Path) -> None:
-    """The matmuls read a Q5_0 matrix from its regrouped copy (Q5_0_G8); the tensor's own bytes stay the file's."""
+    """Without Q5_0 tile kernels (any tier below avx512_vnni: here the generic one), the matmuls read a Q5_0 matrix
+    from its regrouped copy (Q5_0_G8); the tensor's own bytes stay the file's."""
     path = tmp_path / "m.gguf"
     write_fixture_model(path, "qwen2", Q.Q5_0)
+    tier = kernels.active_tier()
     with GGUFFile(path) as f:
-        weights = Model(f, n_threads=1).weights
+        kernels.set_tier("generic")
+        try:
+            weights = Model(f, n_threads=1).weights
+        finally:
+            kernels.set_tier(tier)
         for name, tensor in (("blk.0.attn_q.weight", weights.layers[0].wq),
                              ("blk.0.ffn_up.weight", weights.layers[0].w_up)):
             raw = f.raw(name)

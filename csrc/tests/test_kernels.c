@@ -134,7 +134,8 @@ static void test_matmul_invariance(void) {
  * bit: plain types with row counts off the 16-row tile (37, 5, 16), interleaved ones, M through lone rows, tile
  * passes, groups and panels, 1-3 threads. */
 static void test_matmul_many_is_matmul_each(void) {
-    const int types[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16};
+    const int types[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16,
+                         PYLLM_TYPE_Q5_0_X16};
     const int64_t k = 512, ms[] = {1, 4, 7, 37};
     enum { N_W = 3 };
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
@@ -516,18 +517,19 @@ static void test_grouped_q5_0_is_q5_0(void) {
     }
 }
 
-/* Interleaved matrices (Q4_1_X16, Q8_0_X16) are their plain matrices: each row gathered back is the plain row's
+/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16) are their plain matrices: each row gathered back is the plain row's
  * bytes, rows dequantize to the same values, the tile kernels (where the CPU runs them) give generic vec_dot's
  * bits for one and two activation rows, and matmul gives the plain type's bits for every M (panels, tile passes,
  * an odd last row) and thread count, on every tier (below avx512_vnni: rebuilt rows through vec_dot). 1..20
  * blocks a row, every kind of weight bytes, two tiles. */
 static void test_interleaved_is_plain(void) {
     enum { N_OUT = 2 * X16_ROWS, M_MAX = 20 };
-    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0}, interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16};
+    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0};
+    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16};
     const int64_t ms[] = {1, 2, 3, 4, 5, 17, M_MAX};
     const int tier = pyllm_active_tier();
     int kernel_checked = 0, kernel_bad = 0;
-    for (int ti = 0; ti < 2; ++ti) {
+    for (int ti = 0; ti < (int)(sizeof(bases) / sizeof(bases[0])); ++ti) {
         const int base = bases[ti], type = interleaved[ti];
         const x16_kernel_fn kernel = pyllm_cpu_best_tier() >= PYLLM_TIER_AVX512_VNNI ? x16_kernel_table_avx512_vnni[type] : NULL;
         for (int blocks = 1; blocks <= 20; ++blocks) {
