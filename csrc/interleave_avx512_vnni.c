@@ -70,7 +70,8 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
         if (ahead != NULL && next_tile) {  /* into L2: a tile's worth of lines in L1's few fill buffers would stall this pass */
 #pragma GCC unroll 9
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
-        } else if (ahead != NULL && fmt == FMT_Q4_1) {  /* Q8_0's and Q5_0's straddle lines: their streams do better without */
+        } else if (ahead != NULL && fmt == FMT_Q4_1) {  /* Q8_0's blocks straddle lines: its stream does better
+                                                          * without; Q5_0's (Gemma's 1-row steps) no better with */
 #pragma GCC unroll 9
             for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
         }
