@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +22,26 @@ from pyllm.gguf import GGUFFile
 from pyllm.pretokenizers import PRE_TOKENIZERS, unicode_class
 from pyllm.tokenizer import StreamDecoder, TokenAttr, Tokenizer, TokenizerError
 
-VOCAB_DIR = Path(__file__).resolve().parents[2] / "shared" / "vocab"
+
+def _vocab_dir() -> Path:
+    """``shared/vocab`` beside the checkout; for a clone of a local checkout (``git clone . /tmp/x``), beside the
+    repository it was cloned from."""
+    repo = Path(__file__).resolve().parents[1]
+    beside = repo.parent / "shared" / "vocab"
+    if beside.exists():
+        return beside
+    try:
+        origin = subprocess.run(["git", "-C", str(repo), "config", "--get", "remote.origin.url"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return beside
+    origin_path = Path(origin)
+    if origin and origin_path.is_absolute() and (origin_path.parent / "shared" / "vocab").exists():
+        return origin_path.parent / "shared" / "vocab"
+    return beside
+
+
+VOCAB_DIR = _vocab_dir()
 VOCABS = ("ggml-vocab-llama-spm", "ggml-vocab-gpt-2", "ggml-vocab-llama-bpe")
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
