@@ -179,19 +179,27 @@ vec_dot_rows_fn pyllm_active_vec_dot_rows8(int type) {
     return tier >= PYLLM_TIER_AVX2 ? vec_dot_rows8_table_avx2[type] : NULL;
 }
 
-vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
-    /* where the single-row kernel of the same family is the active one (a tier's own keeps its own) */
+/* The AVX2 family whose single-row kernel is the active vec_dot for type (a tier's own kernel keeps its own):
+ * the row and cols kernels are taken from that family, so they give the active kernel's bits. */
+enum { FAMILY_NONE, FAMILY_AVX2, FAMILY_AVX2_VNNI };
+
+static int active_avx2_family(int type) {
     const vec_dot_fn active = pyllm_active_vec_dot(type);
-    if (active != NULL && active == vec_dot_table_avx2_vnni[type]) return vec_dot_row_table_avx2_vnni[type];
-    if (active != NULL && active == vec_dot_table_avx2[type]) return vec_dot_row_table_avx2[type];
-    return NULL;
+    if (active == NULL) return FAMILY_NONE;
+    if (active == vec_dot_table_avx2_vnni[type]) return FAMILY_AVX2_VNNI;
+    return active == vec_dot_table_avx2[type] ? FAMILY_AVX2 : FAMILY_NONE;
+}
+
+vec_dot_row_fn pyllm_active_vec_dot_row(int type) {
+    const int family = active_avx2_family(type);
+    return family == FAMILY_AVX2_VNNI ? vec_dot_row_table_avx2_vnni[type]
+           : family == FAMILY_AVX2    ? vec_dot_row_table_avx2[type] : NULL;
 }
 
 vec_dot_cols_fn pyllm_active_vec_dot_cols(int type) {
-    const vec_dot_fn active = pyllm_active_vec_dot(type);
-    if (active != NULL && active == vec_dot_table_avx2_vnni[type]) return vec_dot_cols_table_avx2_vnni[type];
-    if (active != NULL && active == vec_dot_table_avx2[type]) return vec_dot_cols_table_avx2[type];
-    return NULL;
+    const int family = active_avx2_family(type);
+    return family == FAMILY_AVX2_VNNI ? vec_dot_cols_table_avx2_vnni[type]
+           : family == FAMILY_AVX2    ? vec_dot_cols_table_avx2[type] : NULL;
 }
 
 x16_kernel_fn pyllm_active_x16_kernel(int type) {
