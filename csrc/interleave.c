@@ -60,15 +60,18 @@ static void q8_0_from_tile(const tile_q8_0 *t, int r, block_q8_0 *x) {
     }
 }
 
-/* Element e's fifth bit sits in lane e % 16 / 4 (low nibbles) or 4 + that (high), at position e % 4. Row 0
- * comes first (pyllm_interleave's order) and clears the masks the rows then set their bits in. */
+/* The lane of a Q5_0 tile whose mask holds element e's fifth bit (at bit 4 r + e % 4): e % 16 / 4 for the low
+ * nibbles' elements, 4 more for the high ones'. */
+static inline int q5_0_tile_lane(int e) { return e / 16 * 4 + e % 16 / 4; }
+
+/* Row 0 comes first (pyllm_interleave's order) and clears the masks the rows then set their bits in. */
 static void q5_0_to_tile(const block_q5_0 *x, tile_q5_0 *t, int r) {
     t->d[r] = x->d;
     for (int c = 0; c < 4; ++c) memcpy(t->qs[c][r], x->qs + 4 * c, 4);
     if (r == 0) memset(t->qh, 0, sizeof t->qh);
     const uint32_t high = q5_high_bits(x->qh);
     for (int e = 0; e < QK32; ++e) {
-        t->qh[e / 16 * 4 + e % 16 / 4] |= (uint64_t)(high >> e & 1) << (4 * r + e % 4);
+        t->qh[q5_0_tile_lane(e)] |= (uint64_t)(high >> e & 1) << (4 * r + e % 4);
     }
 }
 
@@ -77,8 +80,7 @@ static void q5_0_from_tile(const tile_q5_0 *t, int r, block_q5_0 *x) {
     for (int c = 0; c < 4; ++c) memcpy(x->qs + 4 * c, t->qs[c][r], 4);
     memset(x->qh, 0, sizeof x->qh);
     for (int e = 0; e < QK32; ++e) {
-        const int lane = e / 16 * 4 + e % 16 / 4;
-        x->qh[e / 8] |= (uint8_t)((t->qh[lane] >> (4 * r + e % 4) & 1) << (e % 8));
+        x->qh[e / 8] |= (uint8_t)((t->qh[q5_0_tile_lane(e)] >> (4 * r + e % 4) & 1) << (e % 8));
     }
 }
 

@@ -184,7 +184,7 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None,
                             status_code=exc.status_code)
 
     def check_model(name: str | None) -> None:
-        if name is not None and name != model_name and name != "default" and name not in other_names:
+        if name is not None and name not in (model_name, "default", *other_names):
             raise APIError(404, f"the model {name!r} does not exist; this server has {model_name!r}", "model",
                            "model_not_found")
 
