@@ -44,9 +44,20 @@ Every failure - malformed messages, template syntax errors, errors while renderi
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import json
+import os
+import pickle
 import re
+import resource
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NoReturn
@@ -65,6 +76,7 @@ __all__ = [
     "builtin_for_family",
     "builtin_template",
     "render_chat",
+    "render_chat_bounded",
     "validate_messages",
 ]
 
@@ -280,6 +292,49 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _prepare(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    bos_token: str,
+    eos_token: str,
+    family: str | None,
+    extra: dict[str, Any],
+) -> tuple[str, dict[str, Any]]:
+    """The template source and the variables it is rendered with, checked."""
+    if not isinstance(bos_token, str) or not isinstance(eos_token, str):
+        raise ChatTemplateError("bos_token and eos_token must be strings (the token texts)")
+    if template is not None and not isinstance(template, str):
+        raise ChatTemplateError(f"chat template must be a string or None, got {type(template).__name__}")
+    msgs = validate_messages(messages)
+    source = template if template and template.strip() else builtin_template(builtin_for_family(family))
+    variables: dict[str, Any] = {"tools": None, "documents": None}
+    variables.update(extra)
+    variables.update(
+        messages=msgs,
+        add_generation_prompt=bool(add_generation_prompt),
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )
+    return source, variables
+
+
+def _render(source: str, variables: dict[str, Any]) -> str:
+    compiled = _compile(source)
+    try:
+        return compiled.render(variables)
+    except ChatTemplateError:
+        raise
+    except MemoryError:
+        raise ChatTemplateError("the chat template ran out of memory") from None
+    except SecurityError as e:
+        raise ChatTemplateError(f"chat template blocked by the sandbox: {_one_line(e)}") from None
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {_one_line(e)}") from None
+    except Exception as e:  # errors raised by Python operations the template performs
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {_one_line(e)}") from None
+
+
 def render_chat(
     template: str | None,
     messages: list[dict[str, Any]],
@@ -290,36 +345,144 @@ def render_chat(
     family: str | None = None,
     **extra: Any,
 ) -> str:
-    """Render `messages` with a chat template and return the prompt text.
+    """Render `messages` with a chat template and return the prompt text, in this process.
 
     `template` is the GGUF's ``tokenizer.chat_template``; when it is None or blank the
     built-in template for `family` (the GGUF ``general.architecture``, or a built-in name
     such as ``"llama3"``) is used, ChatML for an unknown or missing family. `bos_token` and
     `eos_token` are the *texts* of those tokens. Extra keyword arguments become template
     variables (``tools``, ``date_string``, ``enable_thinking``, ...).
+
+    A template is a program from the model file: this render has no bound on its time or memory. Code that
+    renders a file's template on someone else's behalf uses `render_chat_bounded`, which gives the same text.
     """
-    if not isinstance(bos_token, str) or not isinstance(eos_token, str):
-        raise ChatTemplateError("bos_token and eos_token must be strings (the token texts)")
-    if template is not None and not isinstance(template, str):
-        raise ChatTemplateError(f"chat template must be a string or None, got {type(template).__name__}")
-    msgs = validate_messages(messages)
-    source = template if template and template.strip() else builtin_template(builtin_for_family(family))
-    compiled = _compile(source)
-    variables: dict[str, Any] = {"tools": None, "documents": None}
-    variables.update(extra)
-    variables.update(
-        messages=msgs,
-        add_generation_prompt=bool(add_generation_prompt),
-        bos_token=bos_token,
-        eos_token=eos_token,
-    )
-    try:
-        return compiled.render(variables)
-    except ChatTemplateError:
-        raise
-    except SecurityError as e:
-        raise ChatTemplateError(f"chat template blocked by the sandbox: {_one_line(e)}") from None
-    except jinja2.TemplateError as e:
-        raise ChatTemplateError(f"chat template failed: {_one_line(e)}") from None
-    except Exception as e:  # errors raised by Python operations the template performs
-        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {_one_line(e)}") from None
+    return _render(*_prepare(template, messages, add_generation_prompt, bos_token, eos_token, family, extra))
+
+
+def render_chat_bounded(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str,
+    eos_token: str,
+    family: str | None = None,
+    **extra: Any,
+) -> str:
+    """`render_chat` in a worker process that may take at most `RENDER_SECONDS` and `RENDER_MEMORY` bytes of
+    memory: a template that loops for ever or builds a huge string fails with a ChatTemplateError saying so,
+    and the process that asked is unharmed."""
+    source, variables = _prepare(template, messages, add_generation_prompt, bos_token, eos_token, family, extra)
+    return _RENDERER.render(source, variables)
+
+
+# -- the bounded renderer --------------------------------------------------------------------
+
+RENDER_SECONDS = 3.0      # a real template renders in about a millisecond
+RENDER_MEMORY = 1 << 30   # the worker's address space
+RENDER_MAX_CHARS = 1 << 26
+
+_HEADER = struct.Struct("<BQ")  # reply: status (0 text, 1 error), payload bytes
+
+
+class _Renderer:
+    """One worker process (started on first use, started again after it is killed or dies) that renders
+    templates sent to it one at a time: the request a pickle of (source, variables), the reply a status and
+    UTF-8 text (never a pickle: the worker runs the model file's code, so nothing it sends is unpickled)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid = 0  # the process that started the worker (a forked child starts its own)
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        proc = self._proc
+        if proc is None or proc.poll() is not None or self._pid != os.getpid():
+            here = os.path.dirname(os.path.abspath(__file__))
+            code = "import sys; sys.path.insert(0, sys.argv[1]); import chat_template; chat_template._serve()"
+            proc = subprocess.Popen([sys.executable, "-c", code, here], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+            self._proc, self._pid = proc, os.getpid()
+        return proc
+
+    def render(self, source: str, variables: dict[str, Any]) -> str:
+        request = pickle.dumps((source, variables), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            proc = self._worker()
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(struct.pack("<Q", len(request)) + request)
+                proc.stdin.flush()
+                deadline = time.monotonic() + RENDER_SECONDS
+                header = self._read(proc, _HEADER.size, deadline)
+                status, size = _HEADER.unpack(header)
+                if size > 4 * RENDER_MAX_CHARS + 1024:
+                    raise ChatTemplateError("the chat template renderer sent a malformed reply")
+                payload = self._read(proc, size, deadline).decode("utf-8", "surrogatepass")
+            except ChatTemplateError:
+                self._stop(proc)
+                raise
+            except (OSError, ValueError) as e:
+                self._stop(proc)
+                raise ChatTemplateError(f"the chat template renderer failed: {_one_line(e)}") from None
+        if status != 0:
+            raise ChatTemplateError(payload)
+        return payload
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[bytes], n: int, deadline: float) -> bytes:
+        assert proc.stdout is not None
+        fd, chunks, got = proc.stdout.fileno(), [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise ChatTemplateError(f"the chat template did not finish rendering in {RENDER_SECONDS:g} s")
+            chunk = os.read(fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise ChatTemplateError("the chat template renderer stopped (out of memory?)")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        if self._proc is proc:
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                self._stop(self._proc)
+
+
+_RENDERER = _Renderer()
+atexit.register(_RENDERER.close)
+
+
+def _serve() -> None:
+    """The worker's loop (see _Renderer): limited to RENDER_MEMORY of address space, each reply capped."""
+    resource.setrlimit(resource.RLIMIT_AS, (RENDER_MEMORY, RENDER_MEMORY))
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        size_bytes = stdin.read(8)
+        if len(size_bytes) < 8:
+            return
+        source, variables = pickle.loads(stdin.read(struct.unpack("<Q", size_bytes)[0]))
+        try:
+            text, status = _render(source, variables), 0
+            if len(text) > RENDER_MAX_CHARS:
+                text, status = f"the chat template wrote {len(text)} characters (at most {RENDER_MAX_CHARS})", 1
+        except ChatTemplateError as e:
+            text, status = str(e), 1
+        except MemoryError:
+            text, status = f"the chat template needed more than {RENDER_MEMORY >> 20} MiB of memory", 1
+        payload = text.encode("utf-8", "surrogatepass")
+        stdout.write(_HEADER.pack(status, len(payload)) + payload)
+        stdout.flush()

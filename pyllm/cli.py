@@ -190,7 +190,7 @@ def chat(model: str, system: str | None, stats: bool, temperature: float | None,
 @click.argument("model", default=catalogue.DEFAULT_MODEL)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("-np", "--parallel", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("-np", "--parallel", type=click.IntRange(min=1, max=1024), default=4, show_default=True,
               help="Sequences decoded together; further requests queue.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait for a slot; beyond them the server answers 503.")
@@ -204,31 +204,60 @@ def chat(model: str, system: str | None, stats: bool, temperature: float | None,
 @click.option("--alias", default=None,
               help="Model name /v1/models lists and responses carry (default: the file's name); requests may "
                    "also name the catalogue name the server was started by, or 'default'.")
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+@click.option("--max-body", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Largest request body, in MiB; larger ones get 413.")
+@click.option("--allowed-hosts", default="", metavar="NAMES",
+              help="Comma-separated host names answered without an API key, besides this machine's addresses and "
+                   "localhost ('*': any). Other Host headers get 403, against DNS rebinding.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="info: one line per request (status, tokens, time to first token, total).")
+@click.option("-t", "--threads", type=click.IntRange(min=1, max=256), default=None,
               help="Threads (default: all physical cores).")
 def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx: int, prefill_chunk: int,
-          cache_ram: int, api_key: str | None, alias: str | None, threads: int | None) -> None:
+          cache_ram: int, api_key: str | None, alias: str | None, max_body: int, allowed_hosts: str, log_level: str,
+          threads: int | None) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (default: the catalogue's default chat model).
 
     Endpoints: POST /v1/completions, /v1/chat/completions (stream: true for server-sent events),
     GET /v1/models, /health, /metrics; POST /tokenize, /detokenize.
     """
+    import logging
+    import socket
+
     import uvicorn
 
     from .llama import Llama
     from .server import create_app
 
+    try:  # the port first: a port in use is one line, before the model loads
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, kind, proto)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("pyllm").setLevel(log_level.upper())
     try:
         llm = Llama(str(catalogue.resolve(model)), n_ctx=n_ctx, n_threads=threads, n_parallel=parallel,
                     max_queued=max_queue, prefill_chunk=prefill_chunk, cache_bytes=cache_ram << 20)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        listener.close()
         raise click.ClickException(str(exc)) from exc
     name = alias or Path(llm.model_path).stem
     catalogue_name = (model,) if model in catalogue.CATALOGUE and model != name else ()
-    app = create_app(llm, model_name=name, api_key=api_key, other_names=catalogue_name)
-    click.echo(f"pyllm serve: {name} on http://{host}:{port}/v1 ({parallel} parallel sequences of {n_ctx} "
-               f"tokens{', API key required' if api_key else ''})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    hosts = tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()) + (host,)
+    app = create_app(llm, model_name=name, api_key=api_key, other_names=catalogue_name, max_body_bytes=max_body << 20,
+                     allowed_hosts=hosts)
+    click.echo(f"pyllm serve: {name} on http://{host}:{listener.getsockname()[1]}/v1 ({parallel} parallel "
+               f"sequences of {llm.n_ctx} tokens{', API key required' if api_key else ''})", err=True)
+    config = uvicorn.Config(app, log_level="warning" if log_level in ("info", "debug") else log_level,
+                            timeout_graceful_shutdown=5)
+    try:
+        uvicorn.Server(config).run(sockets=[listener])
+    finally:
+        llm.close()  # ends what is still running, so that no worker thread waits on it
 
 
 @main.command()

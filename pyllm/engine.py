@@ -46,6 +46,14 @@ class EngineClosedError(RuntimeError):
     """The engine was shut down."""
 
 
+class EngineFailedError(EngineClosedError):
+    """The engine's scheduler failed: it fails every unfinished request with this and takes no new ones."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request could not be run (its cache could not be made, its step failed); the others go on."""
+
+
 @dataclass
 class Step:
     """One generated token."""
@@ -147,6 +155,7 @@ class Engine:
         self._active: list[_Sequence] = []
         self._wake = threading.Condition()
         self._closed = False
+        self.error: EngineFailedError | None = None  # set once the scheduler has failed
         self._told: dict[Request, None] = {}  # the requests with events not yet told of (_tell), in order
         self._thread = threading.Thread(target=self._run, name="pyllm-engine", daemon=True)
         self._thread.start()
@@ -170,6 +179,8 @@ class Engine:
                                 f"(n_vocab={n_vocab})")
         request = Request(list(prompt), params, max_tokens, n_logprobs)
         with self._wake:
+            if self.error is not None:
+                raise self.error
             if self._closed:
                 raise EngineClosedError("the engine is shut down")
             free_slots = max(0, self.n_parallel - len(self._active))  # taken by the next waiting ones at once
@@ -189,6 +200,11 @@ class Engine:
     def n_active(self) -> int:
         return len(self._active)
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the scheduler runs and takes requests."""
+        return self.error is None and not self._closed and self._thread.is_alive()
+
     def close(self) -> None:
         """Stop the scheduler; unfinished requests end with an EngineClosedError."""
         with self._wake:
@@ -200,6 +216,30 @@ class Engine:
     # ---- the scheduler thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The scheduler. An error in one request fails that request (see _admit and _step); an error anywhere
+        else fails the engine: every unfinished request gets it, and submit refuses new ones."""
+        error: EngineClosedError = EngineClosedError("the engine is shut down")
+        try:
+            self._schedule()
+        except BaseException as exc:  # noqa: BLE001 - nobody else would ever see it, and every request would hang
+            error = EngineFailedError(f"the engine failed and takes no more requests: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            with self._wake:
+                self.error = error
+        finally:
+            with self._wake:
+                self._closed = True
+                waiting, self._waiting = list(self._waiting), deque()
+            for seq in self._active:
+                seq.request._post(error, notify=False)
+            for request in waiting:
+                request._post(error, notify=False)
+            for request in [*waiting, *(seq.request for seq in self._active)]:
+                request._notify()
+            self._active = []
+            self._told.clear()
+
+    def _schedule(self) -> None:
         while True:
             if not self._active:
                 self._tell()  # nothing to compute: the last events go out now
@@ -213,11 +253,6 @@ class Engine:
             if self._active:
                 self._step()
         self._tell()
-        error = EngineClosedError("the engine is shut down")
-        for seq in self._active:
-            seq.request._post(error)
-        for request in self._waiting:
-            request._post(error)
 
     def _admit(self) -> None:
         """Move waiting requests into free slots (called with the lock held)."""
@@ -226,7 +261,14 @@ class Engine:
             if request.cancelled:
                 self._finish_request(request, "cancelled")
                 continue
-            cache, n_cached = self.prefix_cache.acquire(request.prompt)
+            try:
+                cache, n_cached = self.prefix_cache.acquire(request.prompt)
+            except Exception as exc:  # noqa: BLE001 - e.g. no memory for its cache: this request fails, not the engine
+                failure = RequestFailedError(f"no KV cache could be made for this request: {type(exc).__name__}: "
+                                             f"{exc}")
+                failure.__cause__ = exc
+                self._post(request, failure)
+                continue
             request.n_cached = n_cached
             self.metrics.prompt_tokens.inc(len(request.prompt))
             self.metrics.cached_prompt_tokens.inc(n_cached)
@@ -255,7 +297,7 @@ class Engine:
             request._notify()
 
     def _step(self) -> None:
-        batch, members = [], []
+        batch, members, failed = [], [], []
         budget = self.prefill_chunk
         for seq in self._active:
             if seq.pending:
@@ -266,10 +308,18 @@ class Engine:
                 mode = "last" if len(chunk) == len(seq.pending) else "none"
             else:
                 if seq.cache.n_used >= self.n_ctx:
-                    self._shift(seq)
+                    try:
+                        self._shift(seq)
+                    except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                        failed.append((seq, exc))
+                        continue
                 chunk, mode = [seq.next_token], "last"
             batch.append((chunk, seq.cache, mode))
             members.append((seq, chunk))
+        for seq, exc in failed:
+            self._fail(seq, exc)
+        if not batch:
+            return
         self._tell()
         try:
             results = self.model.forward_batch(batch)

@@ -44,7 +44,19 @@ class LayerCache:
         return len(self.positions)
 
 
+def _layer_capacity(cfg: Config, i: int, n_ctx: int, max_batch: int) -> tuple[int, bool]:
+    """(slots, whether they form a ring) of layer i's cache."""
+    ring = cfg.is_swa_layer(i) and cfg.sliding_window + max_batch < n_ctx
+    return (cfg.sliding_window + max_batch if ring else n_ctx), ring
+
+
 class KVCache:
+    @staticmethod
+    def bytes_needed(cfg: Config, n_ctx: int, max_batch: int) -> int:
+        """The bytes a cache of this shape holds once full (what KVCache allocates)."""
+        slot = 2 * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) + 4  # half-precision k and v, an int32 position
+        return sum(_layer_capacity(cfg, i, n_ctx, max_batch)[0] for i in range(cfg.n_layer)) * slot
+
     def __init__(self, cfg: Config, n_ctx: int, max_batch: int) -> None:
         self.config = cfg
         self.n_ctx = n_ctx
@@ -52,8 +64,7 @@ class KVCache:
         self.n_used = 0  # tokens in the sequence; the next token's position
         self.layers: list[LayerCache] = []
         for i in range(cfg.n_layer):
-            ring = cfg.is_swa_layer(i) and cfg.sliding_window + max_batch < n_ctx
-            capacity = cfg.sliding_window + max_batch if ring else n_ctx
+            capacity, ring = _layer_capacity(cfg, i, n_ctx, max_batch)
             self.layers.append(LayerCache(
                 k=np.zeros((capacity, cfg.n_head_kv, cfg.head_dim), np.float16),
                 v=np.zeros((capacity, cfg.n_head_kv, cfg.head_dim_v), np.float16),

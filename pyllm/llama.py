@@ -13,20 +13,24 @@ computed; `usage.prompt_tokens_details.cached_tokens` says how many were reused.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import catalogue
-from .chat_template import render_chat
+from . import params as check
+from .chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .engine import FINISHED, Engine, Request, Step
 from .gguf import GGUFFile
+from .kvcache import KVCache
+from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Model
+from .params import ParamError, ParamTypeError
 from .sampling import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -134,31 +138,77 @@ class CompletionStream(Iterator[dict[str, Any]]):
             self.request.cancel()  # a stream dropped unread must not keep generating
 
 
+# Positions are int32 in the C core; the memory check below refuses far less than this on a real machine.
+MAX_CTX = 2**31 - 1
+MAX_THREADS = 256  # csrc/threadpool.h PYLLM_MAX_THREADS
+MAX_PARALLEL = 1024
+
+
+def _timings(request: Request, finished_at: float) -> dict[str, Any]:
+    """llama-server's `timings` of a finished request: prompt tokens computed (cache_n came from the prefix cache)
+    and the time to the first token; tokens generated and the time after the first."""
+    first = request.first_token_at if request.first_token_at is not None else finished_at
+    prompt_ms, predicted_ms = 1e3 * (first - request.submitted_at), 1e3 * (finished_at - first)
+    return {"prompt_n": len(request.prompt) - request.n_cached, "cache_n": request.n_cached, "prompt_ms": prompt_ms,
+            "predicted_n": request.n_generated, "predicted_ms": predicted_ms}
+
+
 class Llama:
-    def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 512, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, seed: int | None = None, vocab_only: bool = False,
-                 verbose: bool = False, n_parallel: int = 1, max_queued: int = 64, prefill_chunk: int = 512,
-                 cache_bytes: int = 1 << 30) -> None:
-        if n_ctx < 0:
-            raise ValueError(f"n_ctx must be >= 0, not {n_ctx}")
-        if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads must be >= 1, not {n_threads}")
-        if n_gpu_layers:
-            raise ValueError("n_gpu_layers: GPU offload is not available in this build of pyllm; use 0")
+    def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 512,
+                 n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
+                 vocab_only: bool = False, verbose: bool = False, n_parallel: int = 1, max_queued: int = 64,
+                 prefill_chunk: int = 512, cache_bytes: int = 1 << 30) -> None:
+        """Load a model: a GGUF path, or a catalogue name (pulled first if needed); None: the default model.
+
+        n_ctx: tokens each sequence holds (0: the model's training context); n_parallel sequences decode together
+        (the engine's slots), up to max_queued more wait; prefill_chunk: most prompt tokens read in one step;
+        cache_bytes: the prefix cache's budget. Every argument is checked here (ParamError / ParamTypeError naming
+        it), and so is the memory the KV caches would take once full.
+        """
+        if model_path is not None and not isinstance(model_path, str | os.PathLike):
+            raise ParamTypeError(f"model_path must be a path or a catalogue name, not {type(model_path).__name__}",
+                                 "model_path")
+        n_ctx = check.integer("n_ctx", n_ctx, minimum=0, maximum=MAX_CTX)
+        self.n_threads = check.integer("n_threads", n_threads, minimum=1, maximum=MAX_THREADS, optional=True)
+        if check.integer("n_gpu_layers", n_gpu_layers):
+            raise ParamError("n_gpu_layers: GPU offload is not available in this build of pyllm; use 0",
+                             "n_gpu_layers")
+        self.seed = check.integer("seed", seed, minimum=0, optional=True)
+        vocab_only = check.boolean("vocab_only", vocab_only)
+        self.verbose = check.boolean("verbose", verbose)
+        self.n_parallel = check.integer("n_parallel", n_parallel, minimum=1, maximum=MAX_PARALLEL)
+        self.max_queued = check.integer("max_queued", max_queued, minimum=0)
+        prefill_chunk = check.integer("prefill_chunk", prefill_chunk, minimum=1)
+        self.cache_bytes = check.integer("cache_bytes", cache_bytes, minimum=0)
         self.model_path = str(catalogue.resolve(model_path or catalogue.DEFAULT_MODEL))
         self._file = GGUFFile(self.model_path)
-        self.metadata = self._file.metadata
-        self.tokenizer = Tokenizer.from_gguf(self._file)
-        self.verbose = verbose
-        self.seed = seed
-        self.model: Model | None = None if vocab_only else Model(self._file, n_threads=n_threads)
-        train_ctx = int(self._file.get(f"{self._file.get('general.architecture')}.context_length", 2048))
-        self.n_ctx = n_ctx or train_ctx
-        self.n_parallel = n_parallel
-        self.max_queued = max_queued
-        self.prefill_chunk = prefill_chunk
-        self.cache_bytes = cache_bytes
+        try:
+            self.metadata = self._file.metadata
+            self.tokenizer = Tokenizer.from_gguf(self._file)
+            self.model: Model | None = None if vocab_only else Model(self._file, n_threads=self.n_threads)
+            self.n_ctx = n_ctx or (self.model.config.n_ctx_train if self.model is not None else 2048)
+            self.prefill_chunk = min(prefill_chunk, self.n_ctx)
+            if self.model is not None:
+                self._check_memory(self.model)
+        except BaseException:
+            self._file.close()
+            raise
         self._engine: Engine | None = None
+
+    def _check_memory(self, model: Model) -> None:
+        """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
+        cfg = model.config
+        per_sequence = KVCache.bytes_needed(cfg, self.n_ctx, self.prefill_chunk)
+        # a prompt chunk's activations: the blocks' scratch (see csrc/block.c) and a row of logits
+        q_row, kv_row = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        batch = 4 * self.prefill_chunk * (cfg.n_embd + max(2 * q_row + 2 * kv_row, 2 * cfg.n_ff)) + 4 * model.n_vocab
+        needed = self.n_parallel * per_sequence + batch
+        available = available_bytes()
+        if needed > available:
+            slots = f" x {self.n_parallel} sequences" if self.n_parallel > 1 else ""
+            raise ParamError(f"n_ctx={self.n_ctx} needs {format_bytes(needed)} of memory (a KV cache of "
+                             f"{format_bytes(per_sequence)}{slots}), more than the {format_bytes(available)} "
+                             "available: use a smaller n_ctx", "n_ctx")
 
     @classmethod
     def from_catalogue(cls, name: str = catalogue.DEFAULT_MODEL, **kwargs: Any) -> Llama:
@@ -179,11 +229,16 @@ class Llama:
     def token_eos(self) -> int:
         return self.tokenizer.eos_id
 
-    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        if isinstance(text, str):
+            text = check.utf8("text", text)
+        elif not isinstance(text, bytes | bytearray):
+            raise ParamTypeError(f"text must be bytes or a string, not {type(text).__name__}", "text")
+        return self.tokenizer.encode(bytes(text), add_bos=check.boolean("add_bos", add_bos),
+                                     special=check.boolean("special", special))
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return self.tokenizer.decode(list(tokens))
+        return self.tokenizer.decode(check.token_ids("tokens", tokens, self.n_vocab()))
 
     # ---- evaluation ---------------------------------------------------------------
 
@@ -195,9 +250,11 @@ class Llama:
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """(len(tokens), n_vocab) float32: the logits after each token, from an empty context."""
         model = self._require_model()
-        tokens = list(tokens)
+        tokens = check.token_ids("tokens", tokens, self.n_vocab())
+        if not tokens:
+            raise ParamError("tokens is empty: give at least one token", "tokens")
         if len(tokens) > self.n_ctx:
-            raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
+            raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}", "tokens")
         return model.forward(tokens, model.new_cache(self.n_ctx), logits="all")
 
     @property
@@ -227,14 +284,27 @@ class Llama:
 
     # ---- completions ------------------------------------------------------------
 
-    def _sampling(self, temperature: float, top_p: float, min_p: float, top_k: int, repeat_penalty: float,
-                  frequency_penalty: float, presence_penalty: float, logit_bias: dict | None, seed: int | None,
-                  typical_p: float) -> SamplingParams:
-        bias = {int(k): float(v) for k, v in (logit_bias or {}).items()}
-        return SamplingParams(temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
-                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                              presence_penalty=presence_penalty, logit_bias=bias or None,
-                              seed=self.seed if seed is None else seed, typical_p=typical_p)
+    def _prompt_tokens(self, prompt: Any) -> list[int]:
+        """A completion's prompt: text (special-token text becomes those tokens, BOS added) or token ids."""
+        if isinstance(prompt, str):
+            return self.tokenize(check.utf8("prompt", prompt), add_bos=True, special=True)
+        return check.token_ids("prompt", prompt, self.n_vocab())
+
+    def _budget(self, n_prompt: int, max_tokens: Any, prompt_param: str, context_shift: bool) -> int:
+        """The most tokens to generate: max_tokens (None or <= 0: until the context is full)."""
+        max_tokens = check.integer("max_tokens", max_tokens, optional=True)
+        if n_prompt == 0:
+            raise ParamError(f"the {prompt_param} is empty: give at least one token", prompt_param)
+        if n_prompt >= self.n_ctx:
+            raise ContextFullError(f"the {prompt_param} has {n_prompt} tokens; the context holds {self.n_ctx}",
+                                   prompt_param)
+        room = self.n_ctx - n_prompt
+        if max_tokens is None or max_tokens <= 0:
+            return room
+        if not context_shift and max_tokens > room:
+            raise ContextFullError(f"max_tokens {max_tokens} + {n_prompt} prompt tokens exceed the context of "
+                                   f"{self.n_ctx}", "max_tokens")
+        return max_tokens
 
     def _run_completion(self, request: Request, stop: list[str]) -> Iterator[tuple[str, Step | None, str | None]]:
         """Yields (text delta, step, finish_reason); the last item carries the finish reason.
@@ -261,22 +331,40 @@ class Llama:
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: int | None = None, logit_bias: dict | None = None,
-                          model: str | None = None) -> dict[str, Any] | CompletionStream:
-        """Complete a prompt (text, where special-token text becomes those tokens, or token ids)."""
+                          model: str | None = None, *, context_shift: bool = True) -> dict[str, Any] | CompletionStream:
+        """Complete a prompt (text, where special-token text becomes those tokens, or token ids).
+
+        max_tokens None or <= 0 generates until an end-of-generation token or the end of the context. With
+        context_shift (the default) a generation that fills the context drops its oldest tokens and goes on; without
+        it the prompt and max_tokens must fit the context, as the OpenAI API requires (ContextFullError otherwise).
+        """
         if suffix is not None:
-            raise ValueError("suffix (fill-in-the-middle) is not supported")
-        if isinstance(prompt, str):
-            prompt_tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
-        else:
-            prompt_tokens = [int(t) for t in prompt]
-        params = self._sampling(temperature, top_p, min_p, top_k, repeat_penalty, frequency_penalty,
-                                presence_penalty, logit_bias, seed, typical_p)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+            raise ParamError("suffix (fill-in-the-middle) is not supported", "suffix")
+        return self._complete(self._prompt_tokens(prompt), "prompt", max_tokens=max_tokens, temperature=temperature,
+                              top_p=top_p, min_p=min_p, typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop,
+                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                              repeat_penalty=repeat_penalty, top_k=top_k, stream=stream, seed=seed,
+                              logit_bias=logit_bias, model=model, context_shift=context_shift)
+
+    def _complete(self, prompt_tokens: list[int], prompt_param: str, *, max_tokens: Any, temperature: Any,
+                  top_p: Any, min_p: Any, typical_p: Any, logprobs: Any, echo: Any, stop: Any, frequency_penalty: Any,
+                  presence_penalty: Any, repeat_penalty: Any, top_k: Any, stream: Any, seed: Any, logit_bias: Any,
+                  model: Any, context_shift: Any) -> dict[str, Any] | CompletionStream:
+        """A completion of prompt tokens; every argument checked here, once."""
+        limit = self._budget(len(prompt_tokens), max_tokens, prompt_param, check.boolean("context_shift",
+                                                                                          context_shift))
+        params = SamplingParams(temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logit_bias=check.logit_bias(logit_bias,
+                                                                                               self.n_vocab()),
+                                seed=self.seed if seed is None else seed, typical_p=typical_p)
+        logprobs = check.integer("logprobs", logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
+        echo, stream = check.boolean("echo", echo), check.boolean("stream", stream)
+        stops = check.stop_strings(stop)
+        model_name = self.model_path if model is None else check.text("model", model)
         completion_id = f"cmpl-{uuid.uuid4()}"
         created = int(time.time())
-        model_name = model or self.model_path
         prompt_text = self.detokenize(prompt_tokens).decode("utf-8", "replace") if echo else ""
-        limit = self.n_ctx - len(prompt_tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
         request = self.submit(prompt_tokens, params, limit, logprobs)
 
         def chunk(text: str, finish: str | None, lp: dict | None) -> dict[str, Any]:
@@ -311,18 +399,29 @@ class Llama:
         result["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_completion,
                            "total_tokens": len(prompt_tokens) + n_completion,
                            "prompt_tokens_details": {"cached_tokens": request.n_cached}}
+        result["timings"] = _timings(request, time.perf_counter())
         return result
 
     def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | CompletionStream:
         return self.create_completion(prompt, **kwargs)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a chat: the file's template (or the family's built-in one) rendered in a worker
+        process with bounded time and memory (the template is the model file's code)."""
         tok = self.tokenizer
-        return render_chat(self._file.get("tokenizer.chat_template"), messages,
-                           add_generation_prompt=add_generation_prompt,
-                           bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else "",
-                           eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None and tok.eos_id >= 0 else "",
-                           family=self._file.get("general.architecture"))
+        try:
+            validate_messages(messages)
+        except ChatTemplateError as exc:
+            raise ParamError(f"messages: {exc}", "messages") from None
+        try:
+            return render_chat_bounded(
+                self._file.get("tokenizer.chat_template"), messages,
+                add_generation_prompt=check.boolean("add_generation_prompt", add_generation_prompt),
+                bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else "",
+                eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None and tok.eos_id >= 0 else "",
+                family=self._file.get("general.architecture"))
+        except ChatTemplateError as exc:
+            raise ParamError(str(exc), "messages") from None
 
     def create_chat_completion(self, messages: list[dict[str, Any]], temperature: float = 0.2, top_p: float = 0.95,
                                top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
@@ -330,15 +429,17 @@ class Llama:
                                max_tokens: int | None = None, presence_penalty: float = 0.0,
                                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
                                logit_bias: dict | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None,
-                               model: str | None = None) -> dict[str, Any] | CompletionStream:
+                               top_logprobs: int | None = None, model: str | None = None, *,
+                               context_shift: bool = True) -> dict[str, Any] | CompletionStream:
         """Chat through the file's template (or the family's built-in one)."""
         prompt_tokens = self.tokenize_chat(messages)
-        result = self.create_completion(prompt_tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                        min_p=min_p, typical_p=typical_p, stop=stop, stream=stream, seed=seed,
-                                        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                                        repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
-                                        logprobs=(top_logprobs or 0) if logprobs else None, model=model)
+        n_top = check.integer("top_logprobs", top_logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
+        result = self._complete(prompt_tokens, "messages", max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, min_p=min_p, typical_p=typical_p, stop=stop, stream=stream, seed=seed,
+                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
+                                logprobs=(n_top or 0) if check.boolean("logprobs", logprobs) else None,
+                                echo=False, model=model, context_shift=context_shift)
         if isinstance(result, CompletionStream):
             return self._chat_stream(result)
         assert isinstance(result, dict)
@@ -347,15 +448,19 @@ class Llama:
                 "model": result["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": choice["text"]},
                              "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]}],
-                "usage": result["usage"]}
+                "usage": result["usage"], "timings": result["timings"]}
 
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt tokens of a chat: its template rendered, special-token text as those tokens, BOS added
         unless the template wrote it."""
+        if isinstance(messages, list):
+            for i, message in enumerate(messages):
+                if isinstance(message, dict) and isinstance(message.get("content"), str):
+                    check.utf8(f"messages[{i}].content", message["content"])
         prompt = self.apply_chat_template(messages)
         tok = self.tokenizer
         has_bos = tok.bos_id is not None and tok.bos_id >= 0 and prompt.startswith(tok.token_text(tok.bos_id))
-        return self.tokenize(prompt.encode("utf-8"), add_bos=not has_bos, special=True)
+        return self.tokenize(check.utf8("messages", prompt), add_bos=not has_bos, special=True)
 
     @staticmethod
     def _chat_stream(completion: CompletionStream) -> CompletionStream:

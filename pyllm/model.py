@@ -27,6 +27,7 @@ from ._pyllm_c import ffi, lib
 from .arch import ArchitectureError, Config
 from .gguf import GGUFFile
 from .kvcache import KVCache
+from .params import ParamError
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,11 @@ class _Segment:
     mode: str               # which logits: "all" | "last" | "none"
 
 
-class ContextFullError(ValueError):
+class ContextFullError(ParamError):
     """More tokens than the context holds."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param, "context_length_exceeded")
 
 
 class _CBlocks:

@@ -42,14 +42,15 @@ in proportion to how many tokens it has to keep.
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import params as check
 from ._pyllm_c import ffi, lib
+from .params import ParamError
 
 __all__ = [
     "Sampler",
@@ -63,37 +64,17 @@ __all__ = [
 _MIN_KEEP = 1
 
 
-class SamplingError(ValueError):
+class SamplingError(ParamError):
     """A bad sampling parameter, or logits/history the sampler cannot use."""
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+class SamplingTypeError(SamplingError, TypeError):
+    """A sampling parameter of the wrong type."""
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _real(name: str, value: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> float:
-    """`value` as a float, checked finite and within [lo, hi] (or (lo, hi] when lo_open)."""
-    if not _is_real(value) or not math.isfinite(float(value)):
-        raise SamplingError(f"{name} must be a finite number, got {value!r}")
-    v = float(value)
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise SamplingError(f"{name} must be {'>' if lo_open else '>='} {lo:g}, got {v:g}")
-    if hi is not None and v > hi:
-        raise SamplingError(f"{name} must be <= {hi:g}, got {v:g}")
-    return v
-
-
-def _bias_key(key: Any) -> int:
-    if _is_int(key) and int(key) >= 0:
-        return int(key)
-    # OpenAI-style JSON requests carry the token ids as strings.
-    if isinstance(key, str) and key.strip().isdigit():
-        return int(key)
-    raise SamplingError(f"logit_bias key {key!r} is not a token id (an integer >= 0)")
+def _as_sampling_error(exc: ParamError) -> SamplingError:
+    kind = SamplingTypeError if isinstance(exc, TypeError) else SamplingError
+    return kind(str(exc), exc.param)
 
 
 @dataclass(frozen=True)
@@ -121,37 +102,20 @@ class SamplingParams:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        put("temperature", _real("temperature", self.temperature, 0.0))
-        if not _is_int(self.top_k) or int(self.top_k) < 0:
-            raise SamplingError(f"top_k must be an integer >= 0 (0 = whole vocabulary), got {self.top_k!r}")
-        put("top_k", int(self.top_k))
-        put("top_p", _real("top_p", self.top_p, 0.0, 1.0))
-        put("min_p", _real("min_p", self.min_p, 0.0, 1.0))
-        put("typical_p", _real("typical_p", self.typical_p, 0.0, 1.0))
-        put("repeat_penalty", _real("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True))
-        put("frequency_penalty", _real("frequency_penalty", self.frequency_penalty))
-        put("presence_penalty", _real("presence_penalty", self.presence_penalty))
-        if not _is_int(self.penalty_last_n) or int(self.penalty_last_n) < -1:
-            raise SamplingError(
-                f"penalty_last_n must be an integer >= -1 (-1 = whole history, 0 = off), got {self.penalty_last_n!r}"
-            )
-        put("penalty_last_n", int(self.penalty_last_n))
-        if self.logit_bias is not None:
-            if not isinstance(self.logit_bias, Mapping):
-                raise SamplingError(
-                    f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}"
-                )
-            bias: dict[int, float] = {}
-            for key, value in self.logit_bias.items():
-                token = _bias_key(key)
-                if not _is_real(value) or math.isnan(float(value)) or float(value) == math.inf:
-                    raise SamplingError(f"logit_bias[{token}] must be a finite number or -inf, got {value!r}")
-                bias[token] = float(value)
-            put("logit_bias", bias)
-        if self.seed is not None:
-            if not _is_int(self.seed) or int(self.seed) < 0:
-                raise SamplingError(f"seed must be None (random) or an integer >= 0, got {self.seed!r}")
-            put("seed", int(self.seed))
+        try:
+            put("temperature", check.number("temperature", self.temperature, minimum=0.0))
+            put("top_k", check.integer("top_k", self.top_k, minimum=0))
+            put("top_p", check.number("top_p", self.top_p, minimum=0.0, maximum=1.0))
+            put("min_p", check.number("min_p", self.min_p, minimum=0.0, maximum=1.0))
+            put("typical_p", check.number("typical_p", self.typical_p, minimum=0.0, maximum=1.0))
+            put("repeat_penalty", check.number("repeat_penalty", self.repeat_penalty, minimum=0.0, above=True))
+            put("frequency_penalty", check.number("frequency_penalty", self.frequency_penalty))
+            put("presence_penalty", check.number("presence_penalty", self.presence_penalty))
+            put("penalty_last_n", check.integer("penalty_last_n", self.penalty_last_n, minimum=-1))
+            put("logit_bias", check.logit_bias(self.logit_bias))
+            put("seed", check.integer("seed", self.seed, minimum=0, optional=True))
+        except ParamError as exc:  # one exception type for every sampling setting, still naming it
+            raise _as_sampling_error(exc) from None
 
     @property
     def greedy(self) -> bool:
@@ -273,10 +237,10 @@ def logprobs(logits: np.ndarray, token: int, top_n: int = 0) -> tuple[float, dic
     if x.ndim != 1 or x.shape[0] == 0:
         raise SamplingError(f"logits must be a non-empty 1-D array, got shape {x.shape}")
     n = x.shape[0]
-    if not _is_int(token) or not 0 <= int(token) < n:
+    if not check.is_int(token) or not 0 <= int(token) < n:
         raise SamplingError(f"token {token!r} is outside the vocabulary (n_vocab={n})")
-    if not _is_int(top_n) or int(top_n) < 0:
-        raise SamplingError(f"top_n must be an integer >= 0, got {top_n!r}")
+    if not check.is_int(top_n) or int(top_n) < 0:
+        raise SamplingError(f"top_n must be an integer >= 0, got {top_n!r}", "top_n")
     lp = log_softmax(x)
     if np.isnan(lp).any():
         raise SamplingError("logits contain NaN or +inf, or every logit is -inf")
@@ -316,9 +280,11 @@ class Sampler:
 
     def reseed(self, seed: int | None) -> None:
         """Restart the random stream from `seed` (None: fresh OS entropy)."""
-        if seed is not None and (not _is_int(seed) or int(seed) < 0):
-            raise SamplingError(f"seed must be None (random) or an integer >= 0, got {seed!r}")
-        self._rng = np.random.default_rng(None if seed is None else int(seed))
+        try:
+            seed = check.integer("seed", seed, minimum=0, optional=True)
+        except ParamError as exc:
+            raise _as_sampling_error(exc) from None
+        self._rng = np.random.default_rng(seed)
 
     # -- public entry points -------------------------------------------------------------
 

@@ -5,32 +5,46 @@
     POST /tokenize, /detokenize                  (llama-server's shapes)
 
 Requests run on the Llama's engine: up to --parallel sequences decode together in one batch, the
-rest queue (and beyond the queue get 503). Answers do not depend on what else is running. Every bad
-request gets a 4xx with an OpenAI-style JSON error naming the field:
+rest queue (and beyond the queue get 503). Answers do not depend on what else is running.
+
+The event loop only moves bytes: a request's body (at most `max_body_bytes`, else 413) is parsed,
+checked, tokenized and its chat template rendered in a worker thread, so a large or hostile request
+never stalls the other clients or /health. Every bad request gets a 4xx with an OpenAI-style JSON
+error naming the field, and nothing a request does gets a plain-text 500:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+
+Without an API key, requests must name this machine in their Host header (an IP address, localhost, or
+one of `allowed_hosts`) and browsers' cross-origin requests are refused, so a web page cannot drive
+the server through DNS rebinding or a form post.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .engine import EngineClosedError, QueueFullError
+from . import params as check
+from .engine import EngineClosedError, EngineFailedError, QueueFullError, RequestFailedError
 from .llama import CompletionStream, Llama
 from .metrics import Metrics
-from .model import ContextFullError
-from .sampling import SamplingError, SamplingParams
+from .params import ParamError
 
 _Body = TypeVar("_Body", bound=BaseModel)
+log = logging.getLogger("pyllm.server")
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
 
 
 class APIError(Exception):
@@ -44,81 +58,108 @@ def _error_body(message: str, kind: str, param: str | None, code: str | None) ->
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-# ---- request bodies ---------------------------------------------------------------------------------
+def _error_response(status: int, message: str, code: str | None, kind: str = "invalid_request_error",
+                    param: str | None = None) -> JSONResponse:
+    return JSONResponse(_error_body(message, kind, param, code), status_code=status)
 
 
-_DEFAULTS = SamplingParams()
+# ---- request bodies: their JSON types, strictly (no "10" for 10, no true for 1.0); values are checked by Llama
 
 
-class _Sampling(BaseModel):
-    """The sampling fields both endpoints take, with the Python API's defaults (llama.cpp's, where OpenAI's
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _Sampling(_Strict):
+    """The fields both endpoints take. Unset ones get the Python API's defaults (llama.cpp's, where OpenAI's
     differ)."""
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float = _DEFAULTS.temperature
-    top_p: float = _DEFAULTS.top_p
-    top_k: int = _DEFAULTS.top_k
-    min_p: float = _DEFAULTS.min_p
-    typical_p: float = _DEFAULTS.typical_p
-    repeat_penalty: float = _DEFAULTS.repeat_penalty
-    presence_penalty: float = _DEFAULTS.presence_penalty
-    frequency_penalty: float = _DEFAULTS.frequency_penalty
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, bool] | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = 1
     user: str | None = None
+    # not supported yet: refused by name rather than ignored
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        names = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+                 "frequency_penalty", "logit_bias", "seed", "stop")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def refuse_unsupported(self) -> None:
+        if self.n != 1:
+            raise APIError(400, f"n: only one choice per request is supported, not {self.n}", "n")
+        if self.tools:
+            raise APIError(400, "tools: tool calls are not supported yet", "tools")
+        if self.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice: tool calls are not supported yet", "tool_choice")
+        if self.functions or self.function_call is not None:
+            raise APIError(400, "functions: function calls are not supported yet",
+                           "functions" if self.functions else "function_call")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise APIError(400, "response_format: only {'type': 'text'} is supported yet", "response_format")
 
 
 class CompletionBody(_Sampling):
     prompt: str | list[int] | list[str]
-    max_tokens: int | None = Field(16, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool = False
     suffix: None = None
 
 
-class ContentPart(BaseModel):
+class ContentPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
+class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
 
 class ChatBody(_Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    messages: list[Message]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = None
 
 
-class TokenizeBody(BaseModel):
+class TokenizeBody(_Strict):
     content: str
     add_special: bool = False
     parse_special: bool = True
 
 
-class DetokenizeBody(BaseModel):
+class DetokenizeBody(_Strict):
     tokens: list[int]
 
 
-# ---- the app ------------------------------------------------------------------------------------------
-
-
-async def parse(request: Request, model: type[_Body]) -> _Body:
+def parse(raw: bytes, model: type[_Body]) -> _Body:
     """The JSON body as `model` (whatever the Content-Type says, as llama-server does), or a 400 naming the field."""
-    raw = await request.body()
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the body is not valid JSON: {exc}") from exc
+        raise APIError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(400, "the body is not valid JSON: it nests too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
     try:
@@ -126,32 +167,98 @@ async def parse(request: Request, model: type[_Body]) -> _Body:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None
-        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param) from exc
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param) from None
+    except RecursionError:
+        raise APIError(400, "the body nests too deeply") from None
+
+
+# ---- the gate: what every request passes before the app ---------------------------------------------------
+
+
+def _host_allowed(host: str, allowed: frozenset[str]) -> bool:
+    """Whether a Host header (or an Origin's host) names this machine: an IP literal, localhost, or an allowed
+    name. A name that resolves here only through someone's DNS is what a rebinding attack uses."""
+    if "*" in allowed:
+        return True
+    name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
+    name = name.lower().rstrip(".")
+    if name in allowed or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _origin_allowed(origin: str, host: str, allowed: frozenset[str]) -> bool:
+    """Whether a browser's Origin may drive the server: the server's own origin, a page on this machine's loopback
+    (a local app), or an allowed name; not any page on the web (whose requests to 127.0.0.1 pass the Host check)."""
+    origin_host = origin.split("://", 1)[-1]
+    if origin_host == host or "*" in allowed:
+        return True
+    name = origin_host.rsplit("]", 1)[0].lstrip("[") if origin_host.startswith("[") else origin_host.rsplit(":", 1)[0]
+    name = name.lower().rstrip(".")
+    if name in allowed or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 class _Gate:
-    """ASGI middleware: the API key check (every path but /health) and the count of answers by status. Plain
-    ASGI, not an @app.middleware function: Starlette runs those through a task and a stream of their own that
-    every chunk of a streamed answer then crosses, which cost the event loop more than the answer itself."""
+    """ASGI middleware, in this order: the API key (every path but /health), or without one the Host and Origin
+    checks; the body size limit (the body read here, at most max_body_bytes, then replayed to the app); a log
+    line per request; the count of answers by status. Plain ASGI, not an @app.middleware function: Starlette runs
+    those through a task and a stream of their own that every chunk of a streamed answer then crosses."""
 
-    def __init__(self, app, api_key: str | None, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, api_key: str | None, metrics: Metrics, max_body_bytes: int,
+                 allowed_hosts: frozenset[str]) -> None:
+        self.app, self.metrics, self.max_body_bytes, self.allowed_hosts = app, metrics, max_body_bytes, allowed_hosts
         self.authorization = None if api_key is None else f"Bearer {api_key}".encode()
+
+    def _refusal(self, scope) -> JSONResponse | None:
+        headers = dict(scope["headers"])
+        if self.authorization is not None:
+            if scope["path"] != "/health" and headers.get(b"authorization", b"") != self.authorization:
+                return _error_response(401, "Invalid or missing API key: send 'Authorization: Bearer KEY'",
+                                       "invalid_api_key")
+            return None
+        host = headers.get(b"host", b"").decode("latin-1")
+        if host and not _host_allowed(host, self.allowed_hosts):
+            return _error_response(403, f"the Host header {host!r} does not name this server; without an API key "
+                                        "only its addresses and localhost are answered (see --allowed-hosts)",
+                                   "forbidden_host")
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if origin and not _origin_allowed(origin, host, self.allowed_hosts):
+            return _error_response(403, f"cross-origin requests from {origin!r} are refused without an API key",
+                                   "forbidden_origin")
+        return None
+
+    async def _read_body(self, receive) -> bytes | None:
+        """The whole body, or None once it passes the limit."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"".join(chunks)
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(body)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.authorization is not None and scope["path"] != "/health":
-            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-            if given != self.authorization:
-                response = JSONResponse(_error_body("Invalid or missing API key: send 'Authorization: Bearer KEY'",
-                                                    "invalid_request_error", None, "invalid_api_key"),
-                                        status_code=401)
-                self.metrics.http_requests.inc(label="401")
-                await response(scope, receive, send)
-                return
+        started = time.perf_counter()
         status = 500  # what the client gets if the app fails before answering
+        info: dict[str, Any] = {}
+        scope["pyllm"] = info  # the handlers leave the engine's request here, for the log line
 
         async def counting_send(message) -> None:
             nonlocal status
@@ -160,108 +267,144 @@ class _Gate:
             await send(message)
 
         try:
-            await self.app(scope, receive, counting_send)
+            refusal = self._refusal(scope)
+            if refusal is None:
+                length = dict(scope["headers"]).get(b"content-length", b"0")
+                body = None if not length.isdigit() or int(length) > self.max_body_bytes else \
+                    await self._read_body(receive)
+                if body is None:
+                    refusal = _error_response(413, f"the request body is larger than {self.max_body_bytes} bytes "
+                                                   "(see --max-body)", "request_too_large")
+            if refusal is not None:
+                await refusal(scope, receive, counting_send)
+                return
+            await self.app(scope, _replay(body, receive), counting_send)
         finally:
             self.metrics.http_requests.inc(label=str(status))
+            _log_request(scope, status, info, time.perf_counter() - started)
 
 
-def create_app(llm: Llama, *, model_name: str, api_key: str | None = None,
-               other_names: tuple[str, ...] = ()) -> FastAPI:
+def _replay(body: bytes, receive):
+    """A receive that gives the app the body already read, then what the client sends next (its disconnect)."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replayed
+
+
+def _log_request(scope, status: int, info: dict[str, Any], seconds: float) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    line = f"{scope['method']} {scope['path']} {status}"
+    request, timings = info.get("request"), info.get("timings")
+    if request is not None:
+        line += f" prompt={len(request.prompt)} cached={request.n_cached} generated={request.n_generated}"
+        if request.first_token_at is not None:
+            line += f" ttft={1e3 * (request.first_token_at - request.submitted_at):.0f}ms"
+    elif timings is not None:
+        line += (f" prompt={timings['prompt_n'] + timings['cache_n']} cached={timings['cache_n']} "
+                 f"generated={timings['predicted_n']} ttft={timings['prompt_ms']:.0f}ms")
+    log.info("%s %.0fms", line, 1e3 * seconds)
+
+
+# ---- the app ------------------------------------------------------------------------------------------
+
+
+def create_app(llm: Llama, *, model_name: str, api_key: str | None = None, other_names: tuple[str, ...] = (),
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
     """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name` (the id
-    /v1/models lists and responses carry), "default" and `other_names` (e.g. the catalogue name it was started by)."""
+    /v1/models lists and responses carry), "default" and `other_names` (e.g. the catalogue name it was started by).
+    Bodies over max_body_bytes get 413; allowed_hosts: Host names answered without an API key besides this
+    machine's addresses and localhost ("*": any)."""
     app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = llm.engine.metrics
+    engine = llm.engine
+    metrics = engine.metrics
     started = int(time.time())
-    app.add_middleware(_Gate, api_key=api_key, metrics=metrics)
+    app.add_middleware(_Gate, api_key=api_key, metrics=metrics, max_body_bytes=max_body_bytes,
+                       allowed_hosts=frozenset(h.lower() for h in allowed_hosts))
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(_error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+        return _error_response(exc.status, exc.message, exc.code, exc.kind, exc.param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(_error_body(str(exc.detail), "invalid_request_error", None, None),
-                            status_code=exc.status_code)
+        return _error_response(exc.status_code, str(exc.detail), None)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", "server_error")
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in (model_name, "default", *other_names):
             raise APIError(404, f"the model {name!r} does not exist; this server has {model_name!r}", "model",
                            "model_not_found")
 
-    def budget(n_prompt: int, max_tokens: int | None, param: str) -> int:
-        """The number of tokens to generate, checked against the context."""
-        if n_prompt == 0:
-            raise APIError(400, "the prompt is empty", param)
-        if n_prompt >= llm.n_ctx:
-            raise APIError(400, f"the prompt has {n_prompt} tokens; the context holds {llm.n_ctx}", param,
-                           "context_length_exceeded")
-        room = llm.n_ctx - n_prompt
-        if max_tokens is None or max_tokens == 0:
-            return room
-        if max_tokens > room:
-            raise APIError(400, f"max_tokens {max_tokens} + {n_prompt} prompt tokens exceed the context of "
-                                f"{llm.n_ctx}", "max_tokens", "context_length_exceeded")
-        return max_tokens
-
-    def sampling_kwargs(body: _Sampling) -> dict[str, Any]:
-        return {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "min_p": body.min_p,
-                "typical_p": body.typical_p, "repeat_penalty": body.repeat_penalty,
-                "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-                "logit_bias": body.logit_bias, "seed": body.seed, "stop": body.stop, "model": model_name}
-
-    async def run(call) -> dict[str, Any] | CompletionStream:
-        """Start a completion in a worker thread, turning the engine's refusals into HTTP errors."""
+    async def run(request: Request, call: Callable[[bytes], Any]) -> Any:
+        """call(body) in a worker thread, the engine's and the API's refusals as HTTP errors."""
+        raw = await request.body()
         try:
-            return await run_in_threadpool(call)
+            return await run_in_threadpool(call, raw)
+        except ParamError as exc:
+            raise APIError(400, str(exc), exc.param, exc.code) from None
         except QueueFullError as exc:
-            raise APIError(503, f"server busy: {exc}", None, "server_busy", "server_error") from exc
+            raise APIError(503, f"server busy: {exc}", None, "server_busy", "server_error") from None
+        except EngineFailedError as exc:
+            raise APIError(503, str(exc), None, "engine_failed", "server_error") from None
         except EngineClosedError as exc:
-            raise APIError(503, str(exc), None, "shutting_down", "server_error") from exc
-        except SamplingError as exc:
-            raise APIError(400, str(exc), str(exc).split()[0]) from exc
-        except ContextFullError as exc:
-            raise APIError(400, str(exc), None, "context_length_exceeded") from exc
+            raise APIError(503, str(exc), None, "shutting_down", "server_error") from None
+        except RequestFailedError as exc:
+            raise APIError(500, str(exc), None, "request_failed", "server_error") from None
 
-    def respond(result: dict[str, Any] | CompletionStream, include_usage: bool, n_prompt: int):
+    def respond(request: Request, result: dict[str, Any] | CompletionStream, include_usage: bool):
         if isinstance(result, dict):
+            request.scope["pyllm"]["timings"] = result.get("timings")
             return JSONResponse(result)
-        return _EventStream(result, include_usage, n_prompt)
+        request.scope["pyllm"]["request"] = result.request
+        return _EventStream(result, include_usage)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await parse(request, CompletionBody)
+    def start_completion(raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
+        body = parse(raw, CompletionBody)
         check_model(body.model)
+        body.refuse_unsupported()
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise APIError(400, "prompt: one prompt per request (a string, or a list of one string)", "prompt")
             prompt = prompt[0]
-        if isinstance(prompt, list) and any(not 0 <= t < llm.n_vocab() for t in prompt):
-            raise APIError(400, f"prompt: token ids must be in [0, {llm.n_vocab()})", "prompt")
-        tokens = (llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True) if isinstance(prompt, str)
-                  else list(prompt))
-        max_tokens = budget(len(tokens), body.max_tokens, "prompt")
-        result = await run(lambda: llm.create_completion(tokens, max_tokens=max_tokens, logprobs=body.logprobs,
-                                                         echo=body.echo, stream=body.stream,
-                                                         **sampling_kwargs(body)))
-        return respond(result, bool((body.stream_options or {}).get("include_usage")), len(tokens))
+        result = llm.create_completion(prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, echo=body.echo,
+                                       stream=body.stream, model=model_name, context_shift=False,
+                                       **body.sampling_kwargs())
+        return result, bool((body.stream_options or {}).get("include_usage"))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await parse(request, ChatBody)
+    def start_chat(raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
+        body = parse(raw, ChatBody)
         check_model(body.model)
+        body.refuse_unsupported()
+        if not body.messages:
+            raise APIError(400, "messages: give at least one message", "messages")
         messages = [{"role": "system" if m.role == "developer" else m.role,
                      "content": m.content if isinstance(m.content, str) or m.content is None
                      else "".join(part.text for part in m.content)} for m in body.messages]
-        try:
-            tokens = llm.tokenize_chat(messages)
-        except ValueError as exc:
-            raise APIError(400, f"messages: {exc}", "messages") from exc
-        max_tokens = budget(len(tokens), body.max_completion_tokens or body.max_tokens, "messages")
-        result = await run(lambda: llm.create_chat_completion(
-            messages, max_tokens=max_tokens, stream=body.stream, logprobs=body.logprobs,
-            top_logprobs=body.top_logprobs, **sampling_kwargs(body)))
-        return respond(result, bool((body.stream_options or {}).get("include_usage")), len(tokens))
+        result = llm.create_chat_completion(
+            messages, max_tokens=body.max_completion_tokens or body.max_tokens, stream=body.stream,
+            logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=model_name, context_shift=False,
+            **body.sampling_kwargs())
+        return result, bool((body.stream_options or {}).get("include_usage"))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return respond(request, *await run(request, start_completion))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return respond(request, *await run(request, start_chat))
 
     @app.get("/v1/models")
     async def models():
@@ -272,24 +415,31 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
+        if not engine.healthy:
+            reason = str(engine.error) if engine.error is not None else "the engine is shut down"
+            return JSONResponse({"status": "error", "error": reason}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
     async def prometheus():
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def tokenize(raw: bytes) -> dict[str, Any]:
+        body = parse(raw, TokenizeBody)
+        content = check.utf8("content", body.content)
+        return {"tokens": llm.tokenize(content, add_bos=body.add_special, special=body.parse_special)}
+
+    def detokenize(raw: bytes) -> dict[str, Any]:
+        body = parse(raw, DetokenizeBody)
+        return {"content": llm.detokenize(body.tokens).decode("utf-8", "replace")}
+
     @app.post("/tokenize")
-    async def tokenize(request: Request):
-        body = await parse(request, TokenizeBody)
-        return {"tokens": llm.tokenize(body.content.encode("utf-8"), add_bos=body.add_special,
-                                       special=body.parse_special)}
+    async def tokenize_endpoint(request: Request):
+        return await run(request, tokenize)
 
     @app.post("/detokenize")
-    async def detokenize(request: Request):
-        body = await parse(request, DetokenizeBody)
-        if any(not 0 <= t < llm.n_vocab() for t in body.tokens):
-            raise APIError(400, f"tokens: ids must be in [0, {llm.n_vocab()})", "tokens")
-        return {"content": llm.detokenize(body.tokens).decode("utf-8", "replace")}
+    async def detokenize_endpoint(request: Request):
+        return await run(request, detokenize)
 
     return app
 
@@ -305,11 +455,11 @@ class _EventStream(Response):
     gone: its disconnect arrives through `receive`) the generation is cancelled: the engine frees the sequence
     at its next step."""
 
-    def __init__(self, stream: CompletionStream, include_usage: bool, n_prompt: int) -> None:
+    def __init__(self, stream: CompletionStream, include_usage: bool) -> None:
         self.status_code, self.background = 200, None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]
-        self.stream, self.include_usage, self.n_prompt = stream, include_usage, n_prompt
+        self.stream, self.include_usage = stream, include_usage
 
     async def __call__(self, scope, receive, send) -> None:
         stream = self.stream
@@ -341,8 +491,9 @@ class _EventStream(Response):
                 if chunks is None:
                     if self.include_usage and last is not None:
                         request = stream.request
-                        usage = {"prompt_tokens": self.n_prompt, "completion_tokens": request.n_generated,
-                                 "total_tokens": self.n_prompt + request.n_generated,
+                        n_prompt = len(request.prompt)
+                        usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
+                                 "total_tokens": n_prompt + request.n_generated,
                                  "prompt_tokens_details": {"cached_tokens": request.n_cached}}
                         await self._send_events(send, [{**last, "choices": [], "usage": usage}])
                     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from test_model import WINDOW, write_tiny_model
 
-from pyllm.engine import Engine, QueueFullError
+from pyllm.engine import Engine, EngineFailedError, QueueFullError, RequestFailedError
 from pyllm.gguf import GGUFFile
 from pyllm.model import Model
 from pyllm.prefix_cache import PrefixCache
@@ -222,3 +222,64 @@ def test_queue_limit_cancellation_and_context_shift(model: Model) -> None:
     with pytest.raises(ValueError, match="empty"):
         engine.submit([], GREEDY, 3)
     engine.close()
+
+
+def _consume(request) -> object:
+    """A request's tokens, or the exception it ended with; in a thread, so that a hang fails the test."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append([step.token for step in request])
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert outcome, "the request never ended"
+    return outcome[0]
+
+
+def test_a_request_whose_cache_cannot_be_made_fails_alone(model: Model, monkeypatch) -> None:
+    """No memory for one request's KV cache: that request ends with a RequestFailedError naming the cause, the
+    engine serves the next ones unchanged."""
+    engine = Engine(model, TinyTokenizer(), n_ctx=32, n_parallel=2)
+    expected = generate(engine, PROMPTS[0], 5)
+    real = engine.prefix_cache.acquire
+
+    def acquire(prompt):
+        if prompt[:2] == [1, 93]:
+            raise MemoryError("Unable to allocate 35.8 GiB")
+        return real(prompt)
+
+    monkeypatch.setattr(engine.prefix_cache, "acquire", acquire)
+    failed = _consume(engine.submit([1, 93, 4], GREEDY, 5))
+    assert isinstance(failed, RequestFailedError) and "MemoryError: Unable to allocate 35.8 GiB" in str(failed)
+    assert engine.healthy and _consume(engine.submit(PROMPTS[0], GREEDY, 5)) == expected
+    engine.close()
+
+
+def test_a_failing_scheduler_fails_every_request_and_refuses_new_ones(model: Model, monkeypatch) -> None:
+    """An error outside any one request (here in the step itself) fails the engine: the running and the waiting
+    requests get an EngineFailedError naming it, instead of waiting for ever; healthy turns False; submit refuses."""
+    engine = Engine(model, TinyTokenizer(), n_ctx=32, n_parallel=1)
+    started = threading.Event()
+    real_step = engine._step
+
+    def step() -> None:
+        started.set()
+        if engine.n_waiting:  # the second request is queued behind the first: now the scheduler breaks
+            raise RuntimeError("scheduler bug")
+        real_step()
+
+    monkeypatch.setattr(engine, "_step", step)
+    running = engine.submit(PROMPTS[0], GREEDY, 10_000)
+    assert started.wait(30)
+    waiting = engine.submit(PROMPTS[1], GREEDY, 3)
+    for outcome in (_consume(running), _consume(waiting)):
+        assert isinstance(outcome, EngineFailedError) and "RuntimeError: scheduler bug" in str(outcome)
+    assert not engine.healthy and isinstance(engine.error, EngineFailedError)
+    with pytest.raises(EngineFailedError, match="scheduler bug"):
+        engine.submit(PROMPTS[2], GREEDY, 3)
+    engine.close()  # returns: the thread has ended

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from pyllm.cli import main
 from pyllm.llama import Llama
 from pyllm.model import ContextFullError
+from pyllm.params import ParamError
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +177,73 @@ def test_a_dropped_stream_stops_generating(llm: Llama) -> None:
         assert time.monotonic() < deadline, "the dropped stream kept generating"
         time.sleep(0.05)
     assert request.finish_reason == "cancelled" and request.n_generated < 200
+
+
+@pytest.mark.parametrize(("call", "kind", "param"), [
+    (lambda llm: llm.create_completion("hi", stop=5), TypeError, "stop"),
+    (lambda llm: llm.create_completion("hi", stop=[None]), TypeError, "stop[0]"),
+    (lambda llm: llm.create_completion("hi", max_tokens="5"), TypeError, "max_tokens"),
+    (lambda llm: llm.create_completion("hi", max_tokens=True), TypeError, "max_tokens"),
+    (lambda llm: llm.create_completion("hi", temperature="0.5"), TypeError, "temperature"),
+    (lambda llm: llm.create_completion("hi", logit_bias="x"), TypeError, "logit_bias"),
+    (lambda llm: llm.create_completion("hi", logit_bias={"abc": 1}), ValueError, "logit_bias"),
+    (lambda llm: llm.create_completion("hi", logit_bias={"1.5": 1}), ValueError, "logit_bias"),
+    (lambda llm: llm.create_completion("hi", logit_bias={"": 1}), ValueError, "logit_bias"),
+    (lambda llm: llm.create_completion("hi", logit_bias={"\u0663": 1}), ValueError, "logit_bias"),  # Arabic 3
+    (lambda llm: llm.create_completion("hi", stream="yes"), TypeError, "stream"),
+    (lambda llm: llm.create_completion("hi", logprobs="3"), TypeError, "logprobs"),
+    (lambda llm: llm.create_completion("a \ud800 b"), ValueError, "prompt"),
+    (lambda llm: llm.create_completion([1, -4]), ValueError, "prompt"),
+    (lambda llm: llm.create_completion("hi", suffix="x"), ValueError, "suffix"),
+    (lambda llm: llm.create_chat_completion([{"role": "user", "content": "hi"}], top_logprobs="x"), TypeError,
+     "top_logprobs"),
+    (lambda llm: llm.create_chat_completion([{"role": "user", "content": "\ud800"}]), ValueError,
+     "messages[0].content"),
+    (lambda llm: llm.create_chat_completion([{"role": "user"}]), ValueError, "messages"),
+    (lambda llm: llm.create_chat_completion("hello"), ValueError, "messages"),
+    (lambda llm: llm.tokenize(5), TypeError, "text"),
+    (lambda llm: llm.detokenize([10**9]), ValueError, "tokens"),
+])
+def test_every_bad_argument_is_named(llm: Llama, call, kind, param) -> None:
+    """A bad argument raises a ValueError or TypeError (ParamError) whose `param` and message name it, before any
+    work starts; never a raw TypeError/AttributeError from deep inside."""
+    with pytest.raises(kind) as info:
+        call(llm)
+    assert isinstance(info.value, ParamError) and info.value.param == param
+    assert param.split("[")[0] in str(info.value)
+
+
+def test_impossible_sizes_are_refused_up_front_with_the_memory_they_need(smollm2_path) -> None:
+    with pytest.raises(ParamError, match=r"n_ctx=100000000 needs 2\.\d TiB of memory") as info:
+        Llama(str(smollm2_path), n_ctx=10**8)
+    assert info.value.param == "n_ctx"
+    with pytest.raises(ParamError, match="x 64 sequences") as info:
+        Llama(str(smollm2_path), n_ctx=2**20, n_parallel=64)
+    for kwargs, param in (({"n_threads": 0}, "n_threads"), ({"n_threads": 10**6}, "n_threads"),
+                          ({"n_parallel": 0}, "n_parallel"), ({"n_ctx": -1}, "n_ctx"), ({"n_ctx": "4096"}, "n_ctx"),
+                          ({"prefill_chunk": 0}, "prefill_chunk"), ({"seed": -1}, "seed")):
+        with pytest.raises(ParamError) as info:
+            Llama(str(smollm2_path), **kwargs)
+        assert info.value.param == param
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "did not finish rendering"),
+    ("{{ 'x' * 10**10 }}", "out of memory"),
+    ("{{ 'x' * 10**8 }}", "characters"),
+])
+def test_a_hostile_chat_template_fails_its_request_in_bounded_time(llm: Llama, template, message) -> None:
+    """The chat template is code from the model file: a render that loops, or builds a huge string, is stopped
+    (the worker killed, or its memory capped) and the chat gets a one-line error; the next render works."""
+    import time
+
+    saved = llm.metadata.get("tokenizer.chat_template")
+    llm.metadata["tokenizer.chat_template"] = template
+    try:
+        start = time.monotonic()
+        with pytest.raises(ParamError, match=message) as info:
+            llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=1)
+        assert info.value.param == "messages" and time.monotonic() - start < 10
+    finally:
+        llm.metadata["tokenizer.chat_template"] = saved
+    assert llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=1, temperature=0)["choices"]

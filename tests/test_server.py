@@ -133,6 +133,26 @@ def test_openai_client_errors(server: _Server, client: openai.OpenAI) -> None:
     ({"prompt": [N_CTX * 1000]}, None, 400, "prompt"),
     ({"prompt": [1] * (N_CTX + 5)}, None, 400, "prompt"),
     ({}, None, 400, "prompt"),
+    # JSON types are OpenAI's, strictly: no strings for numbers, no booleans for numbers or numbers for booleans
+    ({"prompt": "hi", "max_tokens": "10"}, None, 400, "max_tokens"),
+    ({"prompt": "hi", "temperature": True}, None, 400, "temperature"),
+    ({"prompt": "hi", "stream": "yes"}, None, 400, "stream"),
+    ({"prompt": "hi", "echo": 1}, None, 400, "echo"),
+    ({"prompt": "hi", "logit_bias": {"abc": 1}}, None, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"1.5": 1}}, None, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"": 1}}, None, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"\u0663": 1}}, None, 400, "logit_bias"),  # an Arabic 3 is not token 3
+    ({"prompt": "hi", "logit_bias": {"\ud800": 1}}, None, 400, "logit_bias"),
+    ({"prompt": "a \ud800 b"}, None, 400, "prompt"),                          # a lone surrogate is not text
+    ({"prompt": "hi", "stop": ["\udfff"]}, None, 400, "stop[0]"),
+    (None, b'{"prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, None),  # nested 1000 deep
+    (None, b"[" * 100_000 + b"]" * 100_000, 400, None),
+    # what is not supported yet is refused by name, never ignored
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, None, 400, "tools"),
+    ({"prompt": "hi", "tool_choice": "required"}, None, 400, "tool_choice"),
+    ({"prompt": "hi", "functions": [{"name": "f"}]}, None, 400, "functions"),
+    ({"prompt": "hi", "response_format": {"type": "json_object"}}, None, 400, "response_format"),
+    ({"prompt": "hi", "suffix": "x"}, None, 400, "suffix"),
 ])
 def test_bad_completion_requests_get_a_4xx_naming_the_field(server: _Server, body, raw, status, param) -> None:
     response = _post(server, "/v1/completions", body, raw=raw)
@@ -220,6 +240,112 @@ def test_a_full_queue_answers_503(smollm2_path) -> None:
             next(lines)                  # the stream holds the slot now
             response = httpx.post(s.url + "/v1/completions", json=body, timeout=30)
         assert response.status_code == 503 and response.json()["error"]["code"] == "server_busy"
+    finally:
+        s.stop()
+        llm.close()
+
+
+def test_text_that_is_not_unicode_and_oversized_bodies_are_refused(server: _Server) -> None:
+    response = _post(server, "/tokenize", None, raw=b'{"content": "x\\ud800"}')
+    assert response.status_code == 400 and response.json()["error"]["param"] == "content"
+    chat = {"messages": [{"role": "user", "content": "\ud800"}]}
+    response = _post(server, "/v1/chat/completions", chat)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].content"
+    big = json.dumps({"prompt": "x" * (9 << 20)}).encode()  # over the 8 MiB default
+    response = _post(server, "/v1/completions", None, raw=big)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: the limit holds on the bytes that arrive
+        for _ in range(10):
+            yield b"x" * (1 << 20)
+    response = httpx.post(server.url + "/tokenize", content=chunks(), timeout=60,
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 413
+    assert _post(server, "/tokenize", {"content": "still here"}).status_code == 200
+
+
+def test_health_answers_fast_while_a_big_request_is_tokenized(server: _Server) -> None:
+    """Tokenizing runs off the event loop: /health answers within 100 ms while 2 MB of text is tokenized."""
+    import random
+
+    rng = random.Random(5)
+    text = "".join(rng.choice("abcdefghij klmnop,.\n") for _ in range(2 << 20))
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(r=_post(server, "/tokenize", {"content": text})))
+    worker.start()
+    latencies = []
+    time.sleep(0.3)  # the body is in: tokenizing now
+    while worker.is_alive() and len(latencies) < 40:
+        start = time.perf_counter()
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        latencies.append(time.perf_counter() - start)
+        time.sleep(0.05)
+    worker.join()
+    assert result["r"].status_code == 200 and len(latencies) >= 5, "the tokenization ended too soon to measure"
+    assert sorted(latencies)[len(latencies) // 2] < 0.1 and max(latencies) < 0.5, latencies
+
+
+@pytest.fixture(scope="module")
+def open_server(llm: Llama):
+    """The server without an API key: the Host and Origin checks apply."""
+    s = _Server(llm, None)
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize(("headers", "status"), [
+    ({}, 200),
+    ({"Host": "localhost:1234"}, 200),
+    ({"Host": "[::1]:8080"}, 200),
+    ({"Host": "192.168.1.20"}, 200),
+    ({"Host": "attacker.example:8080"}, 403),                 # DNS rebinding: a name that is not ours
+    ({"Origin": "http://localhost:3000"}, 200),               # a page of a local app
+    ({"Origin": "https://attacker.example"}, 403),            # a web page posting to 127.0.0.1
+    ({"Origin": "http://203.0.113.7"}, 403),
+])
+def test_without_a_key_only_this_machine_is_answered(open_server: _Server, headers, status) -> None:
+    response = httpx.post(open_server.url + "/v1/completions", content=b'{"prompt": "hi", "max_tokens": 1}',
+                          headers={"Content-Type": "text/plain", **headers}, timeout=60)
+    assert response.status_code == status, response.text
+    if status == 403:
+        assert response.json()["error"]["code"] in ("forbidden_host", "forbidden_origin")
+
+
+def test_a_hostile_chat_template_fails_its_request_and_the_server_goes_on(llm: Llama, open_server: _Server) -> None:
+    saved = llm.metadata.get("tokenizer.chat_template")
+    llm.metadata["tokenizer.chat_template"] = "{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}" \
+                                              "{% endfor %}"
+    try:
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, open_server.url + "/v1/chat/completions", json=chat, timeout=60)
+            time.sleep(0.5)
+            other = httpx.post(open_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                               timeout=60)
+            assert other.status_code == 200  # served while the template spins
+            response = pending.result()
+        assert response.status_code == 400 and "did not finish rendering" in response.json()["error"]["message"]
+    finally:
+        llm.metadata["tokenizer.chat_template"] = saved
+
+
+def test_an_engine_that_fails_fails_its_requests_and_health(smollm2_path, monkeypatch) -> None:
+    """An error in the scheduler: the waiting request gets a JSON 503 naming it (never a hang), /health says 503,
+    later requests get 503 at once."""
+    llm = Llama(str(smollm2_path), n_ctx=64, n_threads=1)
+
+    def broken_step() -> None:
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(llm.engine, "_step", broken_step)
+    s = _Server(llm, None)
+    try:
+        response = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+        assert response.status_code == 503 and "scheduler bug" in response.json()["error"]["message"]
+        health = httpx.get(s.url + "/health", timeout=10)
+        assert health.status_code == 503 and "scheduler bug" in health.json()["error"]
+        again = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert again.status_code == 503 and again.json()["error"]["code"] == "engine_failed"
     finally:
         s.stop()
         llm.close()
