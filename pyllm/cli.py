@@ -227,7 +227,7 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     import uvicorn
 
     from .llama import Llama
-    from .server import create_app
+    from .server import create_app, header_timeout_protocol
 
     try:  # the port first: a port in use is one line, before the model loads
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -253,7 +253,7 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     click.echo(f"pyllm serve: {name} on http://{host}:{listener.getsockname()[1]}/v1 ({parallel} parallel "
                f"sequences of {llm.n_ctx} tokens{', API key required' if api_key else ''})", err=True)
     config = uvicorn.Config(app, log_level="warning" if log_level in ("info", "debug") else log_level,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=header_timeout_protocol())
     try:
         uvicorn.Server(config).run(sockets=[listener])
     finally:

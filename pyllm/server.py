@@ -45,6 +45,8 @@ _Body = TypeVar("_Body", bound=BaseModel)
 log = logging.getLogger("pyllm.server")
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+HEADER_SECONDS = 10.0  # a client's time to send a request's headers (slow-header clients hold a socket each)
+BODY_SECONDS = 60.0    # and its body
 
 
 class APIError(Exception):
@@ -237,7 +239,11 @@ class _Gate:
         return None
 
     async def _read_body(self, receive) -> bytes | None:
-        """The whole body, or None once it passes the limit."""
+        """The whole body, or None once it passes the limit (TimeoutError after BODY_SECONDS)."""
+        async with asyncio.timeout(BODY_SECONDS):
+            return await self._read_body_parts(receive)
+
+    async def _read_body_parts(self, receive) -> bytes | None:
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -270,9 +276,13 @@ class _Gate:
             refusal = self._refusal(scope)
             if refusal is None:
                 length = dict(scope["headers"]).get(b"content-length", b"0")
-                body = None if not length.isdigit() or int(length) > self.max_body_bytes else \
-                    await self._read_body(receive)
-                if body is None:
+                try:
+                    body = None if not length.isdigit() or int(length) > self.max_body_bytes else \
+                        await self._read_body(receive)
+                except TimeoutError:
+                    refusal = _error_response(408, f"the request body did not arrive within {BODY_SECONDS:g} s",
+                                              "request_timeout")
+                if refusal is None and body is None:
                     refusal = _error_response(413, f"the request body is larger than {self.max_body_bytes} bytes "
                                                    "(see --max-body)", "request_too_large")
             if refusal is not None:
@@ -310,6 +320,48 @@ def _log_request(scope, status: int, info: dict[str, Any], seconds: float) -> No
         line += (f" prompt={timings['prompt_n'] + timings['cache_n']} cached={timings['cache_n']} "
                  f"generated={timings['predicted_n']} ttft={timings['prompt_ms']:.0f}ms")
     log.info("%s %.0fms", line, 1e3 * seconds)
+
+
+def header_timeout_protocol(seconds: float = HEADER_SECONDS) -> type:
+    """uvicorn's httptools protocol, except that a connection is closed when a request's headers have not all
+    arrived `seconds` after the connection opened or the request's first byte (uvicorn has no such limit: a client
+    sending a header byte a minute would hold its socket for ever). Passed to uvicorn.Config(http=...)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_header_timer()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_header_timer()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            self._header_timer = self.loop.call_later(seconds, self._headers_too_slow)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
 
 
 # ---- the app ------------------------------------------------------------------------------------------

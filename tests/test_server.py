@@ -15,8 +15,9 @@ import openai
 import pytest
 import uvicorn
 
+from pyllm import server as server_module
 from pyllm.llama import Llama
-from pyllm.server import create_app
+from pyllm.server import create_app, header_timeout_protocol
 
 API_KEY = "test-key"
 MODEL = "smollm2"
@@ -31,10 +32,11 @@ def _free_port() -> int:
 
 
 class _Server:
-    def __init__(self, llm: Llama, api_key: str | None) -> None:
+    def __init__(self, llm: Llama, api_key: str | None, header_seconds: float = 10.0) -> None:
         self.port = _free_port()
         app = create_app(llm, model_name=MODEL, api_key=api_key, other_names=(CATALOGUE_NAME,))
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                http=header_timeout_protocol(header_seconds))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -346,6 +348,31 @@ def test_an_engine_that_fails_fails_its_requests_and_health(smollm2_path, monkey
         assert health.status_code == 503 and "scheduler bug" in health.json()["error"]
         again = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert again.status_code == 503 and again.json()["error"]["code"] == "engine_failed"
+    finally:
+        s.stop()
+        llm.close()
+
+
+def test_slow_clients_are_cut_off(smollm2_path, monkeypatch) -> None:
+    """A client that trickles its headers is disconnected after the header timeout, one that trickles its body gets
+    408; neither holds the server up for the others."""
+    monkeypatch.setattr(server_module, "BODY_SECONDS", 1.0)
+    llm = Llama(str(smollm2_path), n_ctx=64, n_threads=1)
+    s = _Server(llm, None, header_seconds=1.0)
+    try:
+        slow_headers = socket.create_connection(("127.0.0.1", s.port))
+        slow_headers.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow_body = socket.create_connection(("127.0.0.1", s.port))
+        slow_body.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+        start = time.monotonic()
+        slow_headers.settimeout(10)
+        assert slow_headers.recv(1024) == b""  # closed by the server
+        assert 0.5 < time.monotonic() - start < 5
+        slow_body.settimeout(10)
+        assert b" 408 " in slow_body.recv(4096).split(b"\r\n")[0] + b" "
+        slow_headers.close()
+        slow_body.close()
     finally:
         s.stop()
         llm.close()
