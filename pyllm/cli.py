@@ -227,7 +227,7 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     import uvicorn
 
     from .llama import Llama
-    from .server import create_app, header_timeout_protocol
+    from .server import create_app, header_timeout_protocol, shutdown_ending_requests
 
     try:  # the port first: a port in use is one line, before the model loads
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -254,8 +254,10 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
                f"sequences of {llm.n_ctx} tokens{', API key required' if api_key else ''})", err=True)
     config = uvicorn.Config(app, log_level="warning" if log_level in ("info", "debug") else log_level,
                             timeout_graceful_shutdown=5, http=header_timeout_protocol())
+    server = uvicorn.Server(config)
+    shutdown_ending_requests(server, llm.engine)
     try:
-        uvicorn.Server(config).run(sockets=[listener])
+        server.run(sockets=[listener])
     finally:
         llm.close()  # ends what is still running, so that no worker thread waits on it
 

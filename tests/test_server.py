@@ -376,3 +376,42 @@ def test_slow_clients_are_cut_off(smollm2_path, monkeypatch) -> None:
     finally:
         s.stop()
         llm.close()
+
+
+def test_the_cli_server_logs_requests_refuses_a_busy_port_and_stops_on_sigterm(smollm2_path) -> None:
+    """`pyllm serve`: one log line per request; a second server on the same port is one error line before any
+    banner; SIGTERM ends a running stream with an error event and the process within seconds."""
+    import signal
+    import subprocess
+    import sys
+
+    port = _free_port()
+    command = [sys.executable, "-m", "pyllm.cli", "serve", str(smollm2_path), "--port", str(port), "-c", "256",
+               "-t", "1"]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+        busy = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 1 and "pyllm serve:" not in busy.stderr
+        assert busy.stderr.strip() == f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
+        assert httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+        body = {"prompt": "Once", "max_tokens": 200, "stream": True, "logit_bias": {"0": -100, "2": -100}}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")
+            server.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert any("shut down" in line for line in rest)
+        server.wait(timeout=15)
+    finally:
+        server.kill()
+        log = server.stderr.read()
+    assert "POST /v1/completions 200 prompt=1 cached=0 generated=2 ttft=" in log
