@@ -292,7 +292,8 @@ def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_
     """MODEL's perplexity on a text file, as llama.cpp's llama-perplexity computes it.
 
     The text is cut into chunks of --ctx-size tokens, each evaluated from an empty context (starting
-    with BOS when the model uses one); the running estimate is printed to stderr after each chunk.
+    with BOS when the model uses one). The running estimate goes to stderr after each chunk: on a
+    progress bar when stderr is a terminal, else as llama-perplexity prints it; --json prints neither.
     """
     from .perplexity import PerplexityError
     from .perplexity import perplexity as run_perplexity
