@@ -9,7 +9,7 @@ C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*.c))
 .PHONY: help install build models chat test test-py test-c test-asan bench-kernels lint clean
 
 help:
-	@echo "make chat       install pyllm, fetch the default model and chat with it"
+	@echo "make chat       install pyllm, fetch the default model (Qwen2.5-Coder-1.5B, 1.1 GB) and chat with it"
 	@echo "make test       install the test dependencies and run every test (what CI runs)"
 	@echo "make test-asan  the C kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make models     fetch the catalogue models the tests use into models/"
@@ -21,13 +21,16 @@ install:
 build:
 	$(PIP) install -q --no-deps -e .
 
+# The small models the tests read; never the 1.1 GB default chat model.
 models: install
 	$(PYTHON) -m pyllm.cli pull smollm2-135m-instruct
 	$(PYTHON) -m pyllm.cli pull gemma3-270m
 
+# MODEL=name (see `pyllm list`) chats with another model; empty: the default chat model.
+MODEL ?=
 chat: install
-	$(PYTHON) -m pyllm.cli pull smollm2-135m-instruct
-	$(PYTHON) -m pyllm.cli chat smollm2-135m-instruct
+	$(PYTHON) -m pyllm.cli pull $(MODEL)
+	$(PYTHON) -m pyllm.cli chat $(MODEL)
 
 C_TESTS = test_kernels test_simd_stress
 C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*.inc csrc/tests/*.h)

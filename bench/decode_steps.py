@@ -23,7 +23,7 @@ from pyllm.model import Model
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default=catalogue.DEFAULT_MODEL, help="path or catalogue name")
+    parser.add_argument("model", nargs="?", default=catalogue.SMALL_MODEL, help="path or catalogue name")
     parser.add_argument("--rows", default="1,4", help="comma-separated sequence counts (default 1,4)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)

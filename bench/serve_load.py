@@ -320,7 +320,7 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default=catalogue.DEFAULT_MODEL, help="path or catalogue name")
+    parser.add_argument("model", nargs="?", default=catalogue.SMALL_MODEL, help="path or catalogue name")
     parser.add_argument("--clients", default="1,4", help="comma-separated client counts (default 1,4)")
     parser.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
     parser.add_argument("--max-tokens", type=int, default=64)

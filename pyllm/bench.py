@@ -49,13 +49,18 @@ def _prompt_tokens(model: Model, n: int, seed: int = 42) -> list[int]:
     return [int(t) for t in rng.integers(0, model.n_vocab, n)]
 
 
-def _time_runs(run: Callable[[], None], repetitions: int) -> list[int]:
+def _time_runs(run: Callable[[], None], repetitions: int, on_run: Callable[[], None] | None = None) -> list[int]:
+    """Nanoseconds of each of `repetitions` runs after a warm-up; on_run() after every run (warm-up included)."""
     run()  # warm-up: page in the weights, start the threads
+    if on_run is not None:
+        on_run()
     samples = []
     for _ in range(repetitions):
         start = time.perf_counter_ns()
         run()
         samples.append(time.perf_counter_ns() - start)
+        if on_run is not None:
+            on_run()
     return samples
 
 
@@ -77,7 +82,8 @@ def _record(model: Model, path: str, n_threads: int, n_prompt: int, n_gen: int, 
     )
 
 
-def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetitions: int) -> BenchRecord:
+def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetitions: int,
+                 on_run: Callable[[], None] | None = None) -> BenchRecord:
     tokens = _prompt_tokens(model, n_prompt)
     cache = model.new_cache(n_prompt)  # one, emptied before each run, as llama-bench clears its context's
 
@@ -85,10 +91,11 @@ def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetit
         cache.clear()
         model.forward(tokens, cache)
 
-    return _record(model, path, n_threads, n_prompt, 0, _time_runs(run, repetitions))
+    return _record(model, path, n_threads, n_prompt, 0, _time_runs(run, repetitions, on_run))
 
 
-def bench_generation(model: Model, path: str, n_gen: int, n_threads: int, repetitions: int) -> BenchRecord:
+def bench_generation(model: Model, path: str, n_gen: int, n_threads: int, repetitions: int,
+                     on_run: Callable[[], None] | None = None) -> BenchRecord:
     tokens = _prompt_tokens(model, n_gen)
     cache = model.new_cache(n_gen)
 
@@ -97,7 +104,7 @@ def bench_generation(model: Model, path: str, n_gen: int, n_threads: int, repeti
         for token in tokens:
             model.forward([token], cache)
 
-    return _record(model, path, n_threads, 0, n_gen, _time_runs(run, repetitions))
+    return _record(model, path, n_threads, 0, n_gen, _time_runs(run, repetitions, on_run))
 
 
 def peak_rss_bytes() -> int:

@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from . import catalogue
+from .chat import BASE_MODEL_MAX_TOKENS
 from .gguf import GGUFError, GGUFFile
 
 
 def _open_model(model: str) -> GGUFFile:
+    path = _resolve(model)
     try:
-        return GGUFFile(catalogue.resolve(model))
-    except (FileNotFoundError, GGUFError, RuntimeError) as exc:
+        return GGUFFile(path)
+    except (FileNotFoundError, GGUFError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
@@ -74,48 +77,106 @@ def info(model: str, as_json: bool) -> None:
         click.echo(f"  {key:<38} {value}")
 
 
-def _sampling_options(fn):
-    """The sampling flags shared by `run` and `chat`."""
-    options = [
-        click.option("--temp", "temperature", type=float, default=None, help="Temperature; 0 is greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True),
-        click.option("--top-p", type=click.FloatRange(0, 1), default=0.95, show_default=True),
-        click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True),
-        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True),
-        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
-        click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=None,
-                     help="Most tokens to generate (default: to the end of the context)."),
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True),
-        click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
-                     help="Threads (default: all physical cores)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+# `pyllm run` stops here unless -n says otherwise: a base model has no end-of-turn to stop at.
+RUN_MAX_TOKENS = 512
+
+
+def _sampling_options(max_tokens_default: int | None, max_tokens_help: str):
+    """The sampling flags shared by `run` and `chat` (their -n defaults differ)."""
+    def decorate(fn):
+        options = [
+            click.option("--temp", "temperature", type=click.FloatRange(min=0), default=0.8, show_default=True,
+                         help="Temperature; 0 is greedy."),
+            click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True,
+                         help="Sample from the k most likely tokens (0: all)."),
+            click.option("--top-p", type=click.FloatRange(0, 1), default=0.95, show_default=True,
+                         help="Nucleus sampling: the most likely tokens up to this probability mass."),
+            click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+                         help="Drop tokens less likely than this times the most likely one."),
+            click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                         show_default=True, help="Penalty on tokens already in the text (1: off)."),
+            click.option("--seed", type=click.IntRange(min=0), default=None,
+                         help="Seed for reproducible sampling (default: random)."),
+            click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=max_tokens_default,
+                         show_default=max_tokens_default is not None, help=max_tokens_help),
+            click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True,
+                         help="Context size in tokens."),
+            click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+                         help="Threads (default: all physical cores)."),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+def _resolve(model: str) -> Path:
+    """A model argument's file, pulled first if it is a catalogue name not in the store yet."""
+    try:
+        return catalogue.resolve(model)
+    except (OSError, RuntimeError) as exc:   # no such file, a failed pull, a store that cannot be written
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted; `pyllm pull {model}` resumes the download") from None
 
 
 def _load(model: str, n_ctx: int, threads: int | None, seed: int | None):
     from .llama import Llama
+    path = _resolve(model)
     try:
-        return Llama(str(catalogue.resolve(model)), n_ctx=n_ctx, n_threads=threads, seed=seed)
+        return Llama(str(path), n_ctx=n_ctx, n_threads=threads, seed=seed)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _display_name(model: str, llm) -> str:
+    return model if model in catalogue.CATALOGUE else Path(llm.model_path).name
 
 
 @main.command()
 @click.argument("model")
 @click.argument("prompt")
-@_sampling_options
-def run(model: str, prompt: str, temperature: float | None, top_k: int, top_p: float, min_p: float,
-        repeat_penalty: float, seed: int | None, max_tokens: int | None, n_ctx: int, threads: int | None) -> None:
-    """Complete PROMPT with MODEL and stream the text to stdout."""
+@click.option("--chat", is_flag=True, help="Apply the model's chat template: PROMPT is a user's message.")
+@click.option("--system", default=None, help="A system prompt (implies --chat).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the whole response as JSON (the Python API's completion or chat completion, with usage) "
+                   "instead of streaming the text.")
+@_sampling_options(RUN_MAX_TOKENS, "Most tokens to generate; generation also stops at the end of the model's turn.")
+def run(model: str, prompt: str, chat: bool, system: str | None, as_json: bool, temperature: float, top_k: int,
+        top_p: float, min_p: float, repeat_penalty: float, seed: int | None, max_tokens: int, n_ctx: int,
+        threads: int | None) -> None:
+    """Complete PROMPT with MODEL and stream the text to stdout (PROMPT '-': read it from stdin).
+
+    With --chat (or --system), PROMPT is a question for a chat model, as `pyllm chat` would send it;
+    a model without a chat template gets a warning and plain completion.
+    """
+    from .chat import has_chat_template
+
+    if prompt == "-":
+        prompt = click.get_text_stream("stdin").read()
+        if prompt.endswith("\n"):  # as a file's last line ends
+            prompt = prompt[:-1]
     llm = _load(model, n_ctx, threads, seed)
+    chat = chat or system is not None
+    if chat and not has_chat_template(llm):
+        click.echo(f"warning: {_display_name(model, llm)} has no chat template (a base model): PROMPT is completed "
+                   f"as plain text", err=True)
+        chat = False
+    sampling = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repeat_penalty=repeat_penalty, seed=seed)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     try:
-        chunks = llm.create_completion(prompt, max_tokens=max_tokens or -1, temperature=0.8 if temperature is None
-                                       else temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                       repeat_penalty=repeat_penalty, seed=seed, stream=True)
-        for chunk in chunks:
-            click.echo(chunk["choices"][0]["text"], nl=False)
+        if as_json:
+            result = (llm.create_chat_completion(messages, **sampling) if chat
+                      else llm.create_completion(prompt, **sampling))
+            click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+            return
+        if chat:
+            for chunk in llm.create_chat_completion(messages, stream=True, **sampling):
+                click.echo(chunk["choices"][0]["delta"].get("content", ""), nl=False)
+        else:
+            for chunk in llm.create_completion(prompt, stream=True, **sampling):
+                click.echo(chunk["choices"][0]["text"], nl=False)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo()
@@ -124,66 +185,31 @@ def run(model: str, prompt: str, temperature: float | None, top_k: int, top_p: f
 @main.command()
 @click.argument("model", default=catalogue.DEFAULT_MODEL)
 @click.option("--system", default=None, help="A system prompt.")
-@click.option("--stats", is_flag=True, help="Print time to first token and tokens/s after each reply.")
-@_sampling_options
-def chat(model: str, system: str | None, stats: bool, temperature: float | None, top_k: int, top_p: float,
+@click.option("--stats", is_flag=True,
+              help="After each reply: prompt tokens (and how many came from the cache), prefill tok/s, time to first "
+                   "token, decode tok/s, time per output token, KV cache tokens used.")
+@_sampling_options(None, "Most tokens per reply (default: until the model ends its turn, at most the context; "
+                         f"{BASE_MODEL_MAX_TOKENS} for a model without a chat template).")
+def chat(model: str, system: str | None, stats: bool, temperature: float, top_k: int, top_p: float,
          min_p: float, repeat_penalty: float, seed: int | None, max_tokens: int | None, n_ctx: int,
          threads: int | None) -> None:
     """Talk with MODEL (default: the catalogue's default chat model).
 
-    Replies stream as they are generated; earlier turns stay in the KV cache.
-    /reset starts over, /exit (or Ctrl-D) quits, Ctrl-C stops a reply.
+    Replies stream as they are generated; earlier turns stay in the KV cache. Commands: /help,
+    /set NAME VALUE (temp, top_k, top_p, min_p, repeat_penalty, seed, n), /system TEXT, /reset,
+    /save FILE, /load FILE, /stats, /exit. End a line with \\ or wrap text in \"\"\" for several
+    lines; on a terminal the arrow keys edit and recall earlier input. Ctrl-C stops a reply,
+    Ctrl-D quits. A model without a chat template (a base model) completes each message as text.
     """
-    import time
+    from .chat import ChatSession, Settings, terminal_reader
 
     llm = _load(model, n_ctx, threads, seed)
-    click.echo(f"pyllm chat: {Path(llm.model_path).name} ({llm.metadata.get('general.architecture')}), "
-               f"context {llm.n_ctx}. /reset, /exit", err=True)
-    messages: list[dict] = [{"role": "system", "content": system}] if system else []
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            click.echo()
-            return
-        except KeyboardInterrupt:
-            click.echo()
-            continue
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            return
-        if text == "/reset":
-            messages = messages[:1] if system else []
-            llm.reset()
-            click.echo("(conversation cleared)", err=True)
-            continue
-        messages.append({"role": "user", "content": text})
-        reply, n_tokens, first_at = [], 0, None
-        start = time.perf_counter()
-        try:
-            for chunk in llm.create_chat_completion(
-                    messages, stream=True, max_tokens=max_tokens, temperature=0.8 if temperature is None
-                    else temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty):
-                piece = chunk["choices"][0]["delta"].get("content", "")
-                if piece:
-                    first_at = first_at or time.perf_counter()
-                    n_tokens += 1
-                    reply.append(piece)
-                    click.echo(piece, nl=False)
-        except KeyboardInterrupt:
-            click.echo(" [stopped]", nl=False)
-        except ValueError as exc:
-            click.echo(f"\nerror: {exc}", err=True)
-            messages.pop()
-            continue
-        click.echo()
-        messages.append({"role": "assistant", "content": "".join(reply)})
-        if stats and first_at is not None:
-            elapsed = time.perf_counter() - first_at
-            rate = (n_tokens - 1) / elapsed if n_tokens > 1 and elapsed > 0 else float("nan")
-            click.echo(f"[ttft {1e3 * (first_at - start):.0f} ms, {rate:.1f} tok/s, {n_tokens} chunks]", err=True)
+    settings = Settings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens)
+    session = ChatSession(llm, settings, system=system, stats=stats, out=click.echo,
+                          model_name=_display_name(model, llm))
+    read = terminal_reader() if sys.stdin.isatty() and sys.stdout.isatty() else input
+    session.run(read)
 
 
 @main.command()
@@ -297,7 +323,8 @@ def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_
     """MODEL's perplexity on a text file, as llama.cpp's llama-perplexity computes it.
 
     The text is cut into chunks of --ctx-size tokens, each evaluated from an empty context (starting
-    with BOS when the model uses one); the running estimate is printed to stderr after each chunk.
+    with BOS when the model uses one). The running estimate goes to stderr after each chunk: on a
+    progress bar when stderr is a terminal, else as llama-perplexity prints it; --json prints neither.
     """
     from .perplexity import PerplexityError
     from .perplexity import perplexity as run_perplexity
@@ -309,19 +336,35 @@ def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_
     if text.endswith("\n"):  # as llama.cpp's -f does
         text = text[:-1]
     llm = _load(model, n_ctx, threads, None)
+    bar = _progress_bar(not as_json, desc="perplexity", unit="chunk")
 
     def progress(i: int, n_chunks: int, running: float) -> None:
-        if not as_json:
+        if bar is not None:
+            bar.total = n_chunks
+            bar.set_postfix_str(f"PPL {running:.4f}", refresh=False)
+            bar.update(1)
+        elif not as_json:   # llama-perplexity's log
             click.echo(f"[{i}]{running:.4f},", nl=i == n_chunks, err=True)
 
     try:
         result = run_perplexity(llm, text, n_ctx, progress=progress)
     except PerplexityError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        if bar is not None:
+            bar.close()
     if as_json:
         click.echo(json.dumps(result.as_dict()))
         return
     click.echo(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_err:.5f}")
+
+
+def _progress_bar(wanted: bool, **kwargs):
+    """A tqdm bar on stderr when wanted and stderr is a terminal, else None."""
+    if not (wanted and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+    return tqdm(file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -349,7 +392,7 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
     """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does.
 
     Also reports time to first token and time per output token for a real chat prompt,
-    and the process's peak RSS.
+    and the process's peak RSS. A progress bar runs on stderr when it is a terminal (not with --json).
     """
     import time
 
@@ -357,28 +400,47 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
     from .kernels import physical_cores
 
     thread_counts = threads or [physical_cores()]
-    path = str(catalogue.resolve(model))
+    path = str(_resolve(model))
+    n_pp, n_tg = [p for p in n_prompt if p > 0], [n for n in n_gen if n > 0]
+    # a step per timed run (and its warm-up), and one for the chat-prompt latency run, per thread count
+    bar = _progress_bar(not as_json, desc="bench", unit="run",
+                        total=len(thread_counts) * ((len(n_pp) + len(n_tg)) * (repetitions + 1) + 1))
+
+    def step(test: str) -> Callable[[], None]:
+        if bar is None:
+            return lambda: None
+        bar.set_postfix_str(test)
+        return lambda: bar.update(1)
+
     records, latency = [], []
-    for n_threads in thread_counts:
-        llm = _load(path, max([*n_prompt, *n_gen, 64]) + 64, n_threads, None)
-        assert llm.model is not None
-        for p in (p for p in n_prompt if p > 0):
-            records.append(benchmarks.bench_prompt(llm.model, path, p, n_threads, repetitions))
-        for n in (n for n in n_gen if n > 0):
-            records.append(benchmarks.bench_generation(llm.model, path, n, n_threads, repetitions))
-        start, stamps = time.perf_counter(), []
-        messages = [{"role": "user", "content": "Write a short poem about the sea."}]
-        try:
-            prompt = llm.apply_chat_template(messages)
-        except ValueError:
-            prompt = "Write a short poem about the sea."
-        for _ in llm.create_completion(prompt, max_tokens=32, temperature=0, stream=True):
-            stamps.append(time.perf_counter())
-        if stamps:
-            ttft = stamps[0] - start
-            tpot = (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1)
-            latency.append({"n_threads": n_threads, "ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot})
-        llm.close()
+    try:
+        for n_threads in thread_counts:
+            llm = _load(path, max([*n_prompt, *n_gen, 64]) + 64, n_threads, None)
+            assert llm.model is not None
+            for p in n_pp:
+                records.append(benchmarks.bench_prompt(llm.model, path, p, n_threads, repetitions,
+                                                       on_run=step(f"pp{p}, {n_threads} threads")))
+            for n in n_tg:
+                records.append(benchmarks.bench_generation(llm.model, path, n, n_threads, repetitions,
+                                                           on_run=step(f"tg{n}, {n_threads} threads")))
+            done = step(f"chat prompt, {n_threads} threads")
+            start, stamps = time.perf_counter(), []
+            messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+            try:
+                prompt = llm.apply_chat_template(messages)
+            except ValueError:
+                prompt = "Write a short poem about the sea."
+            for _ in llm.create_completion(prompt, max_tokens=32, temperature=0, stream=True):
+                stamps.append(time.perf_counter())
+            done()
+            if stamps:
+                ttft = stamps[0] - start
+                tpot = (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1)
+                latency.append({"n_threads": n_threads, "ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * tpot})
+            llm.close()
+    finally:
+        if bar is not None:
+            bar.close()
     rss = benchmarks.peak_rss_bytes()
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=2))
@@ -394,13 +456,22 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
 
 
 @main.command()
-@click.argument("name", type=click.Choice(sorted(catalogue.CATALOGUE)))
+@click.argument("name", default=catalogue.DEFAULT_MODEL)
 def pull(name: str) -> None:
-    """Fetch a catalogue model into the local store (sha256-checked)."""
+    """Fetch catalogue model NAME (`pyllm list`; default: the default chat model) into the local store.
+
+    A progress bar shows on stderr when it is a terminal. An interrupted pull resumes where it stopped
+    when run again; nothing appears under the model's file name until the whole file checks out.
+    """
+    if name not in catalogue.CATALOGUE:
+        raise click.BadParameter(f"{name!r} is not in the catalogue: {', '.join(sorted(catalogue.CATALOGUE))}",
+                                 param_hint="NAME")
     try:
         path = catalogue.pull(name, log=lambda msg: click.echo(msg, err=True))
-    except RuntimeError as exc:
+    except (OSError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted; `pyllm pull {name}` resumes the download") from None
     click.echo(str(path))
 
 
@@ -409,10 +480,9 @@ def list_models() -> None:
     """List the catalogue and which models are in the store."""
     click.echo(f"model store: {catalogue.store_dir()}")
     for name, entry in sorted(catalogue.CATALOGUE.items()):
-        path = catalogue.local_path(name)
-        state = f"{path.stat().st_size / 2**20:7.1f} MiB" if path else "  not pulled"
+        state = "pulled    " if catalogue.local_path(name) else "not pulled"
         default = " (default)" if name == catalogue.DEFAULT_MODEL else ""
-        click.echo(f"  {name:<30} {state}  {entry.description}{default}")
+        click.echo(f"  {name:<30} {catalogue.human_bytes(entry.size):>10}  {state}  {entry.description}{default}")
 
 
 if __name__ == "__main__":
