@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import catalogue
+from .arch import context_length
 from .chat_template import render_chat
 from .engine import FINISHED, Engine, Request, Step
 from .gguf import GGUFFile
@@ -152,7 +153,7 @@ class Llama:
         self.verbose = verbose
         self.seed = seed
         self.model: Model | None = None if vocab_only else Model(self._file, n_threads=n_threads)
-        train_ctx = int(self._file.get(f"{self._file.get('general.architecture')}.context_length", 2048))
+        train_ctx = self.model.config.n_ctx_train if self.model is not None else context_length(self._file)
         self.n_ctx = n_ctx or train_ctx
         self.n_parallel = n_parallel
         self.max_queued = max_queued
