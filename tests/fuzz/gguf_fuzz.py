@@ -174,9 +174,10 @@ class Recipe:
         import gguf
 
         arch = self.kvs.get("general.architecture", ("llama",))[0]
-        w = gguf.GGUFWriter(str(path), arch if isinstance(arch, str) else "llama")
+        w = gguf.GGUFWriter(str(path), arch if isinstance(arch, str) else "llama")  # writes general.architecture
         for key, (value, vtype, sub_type) in self.kvs.items():
-            w.add_key_value(key, value, vtype, sub_type=sub_type)
+            if key != "general.architecture" or not isinstance(value, str):
+                w.add_key_value(key, value, vtype, sub_type=sub_type)
         for name, (data, raw_type) in self.tensors.items():
             w.add_tensor(name, data, raw_dtype=raw_type)
         w.write_header_to_file()
