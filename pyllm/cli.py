@@ -250,7 +250,10 @@ def tokenize(model: str, text: str, no_bos: bool, special: bool, as_json: bool) 
         llm = Llama(str(catalogue.resolve(model)), vocab_only=True)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    ids = llm.tokenize(text.encode("utf-8"), add_bos=not no_bos, special=special)
+    try:  # a vocabulary can lack what the text needs (no byte token for a byte of it)
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=not no_bos, special=special)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(ids))
         return

@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fixture_models import write_fixture_model
 from fuzz.gguf_fuzz import Recipe, small_model
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
@@ -338,3 +339,11 @@ def test_tokenize_reports_a_bad_vocabulary_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tokenize", str(path), "hi"])
     assert result.exit_code == 1
     assert result.output == f"Error: {path}: tokenizer.ggml.scores is not an array of numbers\n"
+
+
+def test_tokenize_reports_a_text_the_vocabulary_cannot_encode(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    write_fixture_model(path, "llama", Q.Q8_0)  # tokens t3 .. t95: no byte tokens for SentencePiece's fallback
+    result = CliRunner().invoke(main, ["tokenize", str(path), "hi"])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {path}: the vocabulary has no byte token for 0xE2\n"
