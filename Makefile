@@ -46,7 +46,7 @@ test-c: $(addprefix csrc/tests/,$(C_TESTS))
 test-asan: $(addprefix csrc/tests/,$(addsuffix _asan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; ./$$t || exit 1; done
 
-# The C core built a second time under ASan + UBSan (into build/asan-py, the Python sources copied beside it),
+# The C core built a second time under ASan + UBSan (into build/asan-py, the Python sources linked beside it),
 # driven from Python: forward passes of each architecture's tiny model and a hostile file's refusal. -O0: the
 # SIMD files take minutes to build at -O1 under the sanitizers, the whole build 20 s at -O0.
 ASAN_PY = build/asan-py
@@ -55,7 +55,7 @@ test-asan-py:
 	PYLLM_EXTRA_CFLAGS="-O0 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	PYLLM_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
 	    $(PYTHON) setup.py -q build_ext --build-lib $(ASAN_PY) --build-temp $(ASAN_PY)/temp
-	cp pyllm/*.py $(ASAN_PY)/pyllm/
+	ln -s $(abspath $(wildcard pyllm/*.py)) $(ASAN_PY)/pyllm/
 	LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	    PYTHONPATH=$(ASAN_PY) $(PYTHON) tests/sanitized_forward.py $(ASAN_PY)
 

@@ -58,6 +58,7 @@ MAX_HEAD_DIM = 1 << 12
 MAX_FF = 1 << 20
 MAX_CTX = 1 << 24            # Llama 4 Scout's 10M is the longest yet
 MAX_WINDOW = (1 << 31) - 1   # an int32 in the C core
+FLOAT32_MAX = 3.4028234663852886e38  # the C core takes the float settings as floats: larger is out of range
 DEFAULT_CTX = 2048
 
 # Norm weights and biases are dequantized once at load; llama.cpp's converters write them as floats.
@@ -134,7 +135,10 @@ def _read_hyperparameters(f: GGUFFile) -> Config:
         return metadata_int(meta, f"{arch}.{name}", default, lo=lo, hi=hi, error=error)
 
     def float_key(name: str, default: float) -> float:
-        return metadata_float(meta, f"{arch}.{name}", default, error=error)
+        value = metadata_float(meta, f"{arch}.{name}", default, error=error)
+        if abs(value) > FLOAT32_MAX:
+            raise error(f"{arch}.{name} = {value} is out of the range of a 32-bit float")
+        return value
 
     n_layer = int_key("block_count", 1, MAX_LAYERS)
     n_embd = int_key("embedding_length", MIN_EMBD, MAX_EMBD)
@@ -165,6 +169,8 @@ def _read_hyperparameters(f: GGUFFile) -> Config:
     if factor < 0:
         raise error(f"{arch}.rope.scaling.factor = {factor} must not be negative")
     rope_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0  # 0: unset, as llama.cpp reads it
+    if rope_scale > FLOAT32_MAX:
+        raise error(f"{arch}.rope.scaling.factor = {factor} is too small to scale by")
     norm_eps = float_key("attention.layer_norm_rms_epsilon", 1e-5)
     if norm_eps < 0:
         raise error(f"{arch}.attention.layer_norm_rms_epsilon = {norm_eps} must not be negative")

@@ -15,7 +15,8 @@ The file is mapped read-only and every header field is checked against the file 
 it is used, so a damaged or hostile file raises `GGUFError` (a one-line message that
 starts with the file path) instead of crashing, hanging or allocating memory in
 proportion to a lying length field. Tensor data is never copied: `GGUFFile.raw` and
-`GGUFFile.array` return numpy views of the mapping.
+`GGUFFile.array` return numpy views of the mapping. `metadata_int` and its siblings read one
+metadata value with its type and range checked.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ _FLOAT_DTYPES: dict[int, np.dtype[Any]] = {0: np.dtype("<f4"), 1: np.dtype("<f2"
 def _file_kind(mode: int) -> str:
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-    return next((name for test, name in kinds if test(mode)), "not a file")
+    return next((name for test, name in kinds if test(mode)), "an unknown kind of file")
 
 
 class ValueType(IntEnum):
@@ -190,7 +191,7 @@ def _value_type_name(type_id: int) -> str:
 # (the caller's class, its file path in front).
 
 REQUIRED: Any = object()  # the default of a key that must be present
-MetadataError = Callable[[str], Exception]
+MakeError = Callable[[str], Exception]
 
 
 def _describe(value: Any) -> str:
@@ -209,7 +210,7 @@ def _describe(value: Any) -> str:
         return f"a {type(value).__name__}"
 
 
-def _lookup(metadata: Mapping[str, Any], key: str, default: Any, error: MetadataError) -> tuple[Any, bool]:
+def _lookup(metadata: Mapping[str, Any], key: str, default: Any, error: MakeError) -> tuple[Any, bool]:
     """(the value, whether the file has it); error if it is required and absent."""
     if key in metadata:
         return metadata[key], True
@@ -219,7 +220,7 @@ def _lookup(metadata: Mapping[str, Any], key: str, default: Any, error: Metadata
 
 
 def metadata_int(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, lo: int, hi: int,
-                 error: MetadataError) -> int:
+                 error: MakeError) -> int:
     """An integer value (of any GGUF integer type) in [lo, hi]; a bool, float, string or array is refused."""
     value, present = _lookup(metadata, key, default, error)
     if not present:
@@ -232,7 +233,7 @@ def metadata_int(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED,
 
 
 def metadata_float(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *,
-                   error: MetadataError) -> float:
+                   error: MakeError) -> float:
     """A finite number (a float, or an integer stored for one); NaN, infinities, bools, strings, arrays refused."""
     value, present = _lookup(metadata, key, default, error)
     if not present:
@@ -244,14 +245,14 @@ def metadata_float(metadata: Mapping[str, Any], key: str, default: Any = REQUIRE
     return float(value)
 
 
-def metadata_str(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, error: MetadataError) -> str:
+def metadata_str(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, error: MakeError) -> str:
     value, present = _lookup(metadata, key, default, error)
     if present and not isinstance(value, str):
         raise error(f"{key} holds {_describe(value)}, expected a string")
     return value
 
 
-def metadata_bool(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, error: MetadataError) -> bool:
+def metadata_bool(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, error: MakeError) -> bool:
     value, present = _lookup(metadata, key, default, error)
     if present and not isinstance(value, bool):
         raise error(f"{key} holds {_describe(value)}, expected a bool")
@@ -457,8 +458,7 @@ class GGUFFile:
         self.tensors: dict[str, TensorInfo] = {}
         self.alignment = DEFAULT_ALIGNMENT
         self.data_offset = 0
-        self._mm: mmap.mmap | None = None
-        self._mm = self._map()
+        self._mm: mmap.mmap | None = self._map()
         try:
             self._parse(_Cursor(self._mm, self.path))
         except BaseException:

@@ -2,7 +2,7 @@
 for `make test-asan-py`: run against a build of the C core under AddressSanitizer and UndefinedBehaviorSanitizer,
 a read past a buffer or undefined behaviour aborts the process.
 
-    python tests/sanitized_forward.py BUILD_DIR   (BUILD_DIR/pyllm must be the pyllm this imports)
+    python tests/sanitized_forward.py BUILD_DIR   (BUILD_DIR/pyllm must hold the C core this imports)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fixture_models import write_fixture_model
 from fuzz.gguf_fuzz import small_model
 from gguf import GGMLQuantizationType as Q
 
-import pyllm
+from pyllm import _pyllm_c
 from pyllm.arch import ArchitectureError
 from pyllm.gguf import GGUFFile
 from pyllm.kernels import KernelError
@@ -70,8 +70,8 @@ def hostile_file_refused(work: Path) -> None:
 
 def main() -> None:
     build = Path(sys.argv[1]).resolve()
-    if Path(pyllm.__file__).resolve().parent != build / "pyllm":
-        sys.exit(f"imported {pyllm.__file__}, not the sanitized build in {build}")
+    if Path(_pyllm_c.__file__).resolve().parent != build / "pyllm":
+        sys.exit(f"imported {_pyllm_c.__file__}, not the sanitized build in {build}")
     with tempfile.TemporaryDirectory(prefix="pyllm-asan-") as tmp:
         forward_passes(Path(tmp))
         hostile_file_refused(Path(tmp))

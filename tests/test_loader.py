@@ -194,6 +194,7 @@ NONSENSE = [
     ("rope.freq_base", (math.nan, V.FLOAT32), "llama.rope.freq_base = nan is not a finite number"),
     ("rope.freq_base", (math.inf, V.FLOAT64), "llama.rope.freq_base = inf is not a finite number"),
     ("rope.freq_base", (0.0, V.FLOAT32), "llama.rope.freq_base = 0.0 must be above 0"),
+    ("rope.freq_base", (1e300, V.FLOAT64), "llama.rope.freq_base = 1e+300 is out of the range of a 32-bit float"),
     ("rope.scaling.factor", (-2.0, V.FLOAT32), "llama.rope.scaling.factor = -2.0 must not be negative"),
     ("attention.layer_norm_rms_epsilon", (-1.0, V.FLOAT32), "llama.attention.layer_norm_rms_epsilon = -1.0 must"),
     ("attention.layer_norm_rms_epsilon", (-math.inf, V.FLOAT32), "layer_norm_rms_epsilon = -inf is not a finite"),
@@ -212,6 +213,13 @@ def test_a_head_dimension_that_does_not_divide_is_refused(tmp_path: Path) -> Non
                       attention__head_count_kv=(3, V.UINT32))
     assert ("llama.embedding_length = 64 does not divide into llama.attention.head_count = 3 heads, and there is "
             "no llama.attention.key_length") in str(refusal(path))
+
+
+def test_a_scaling_factor_too_small_to_scale_by_is_refused(tmp_path: Path) -> None:
+    """1 / 1e-300 is no float the C core can take."""
+    path = model_file(tmp_path / "m.gguf", rope__scaling__type=("linear", V.STRING),
+                      rope__scaling__factor=(1e-300, V.FLOAT64))
+    assert "llama.rope.scaling.factor = 1e-300 is too small to scale by" in str(refusal(path))
 
 
 def test_a_negative_sliding_window_is_refused(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """A fuzzer for loading models: mutated GGUF files, each read here and loaded and run in a worker process.
 
-    python -m tests.fuzz.gguf_fuzz --files 20000 --minutes 15 --seed 1 [--keep DIR]
+    python -m tests.fuzz.gguf_fuzz --files 20000 --minutes 15 --seed 1 [--keep DIR] [--sanitized build/asan-py]
 
-(from the repository root). Each file is one seed model with one to three mutations:
+(from the repository root; --sanitized runs the worker on the ASan + UBSan build of `make test-asan-py`, where
+a sanitizer's report ends it: a crash). Each file is one seed model with one to three mutations:
 
 - bytes: bit flips, bytes set, runs inserted or deleted, truncation (mostly in the header);
 - fields: a length, count, value type, element type, dimension, tensor type or offset field of the header
@@ -100,9 +101,14 @@ def try_file(path: str) -> dict[str, Any]:
                 "type": type(exc).__name__, "message": str(exc)[:300], "at": f"{where.filename}:{where.lineno}"}
 
 
-def worker_main() -> None:
+def worker_main(sanitized: Path | None) -> None:
     """Read paths from stdin, one a line; answer each with a JSON line on the original stdout."""
-    resource.setrlimit(resource.RLIMIT_AS, (WORKER_ADDRESS_SPACE, WORKER_ADDRESS_SPACE))
+    from pyllm import _pyllm_c
+
+    if sanitized is None:  # (AddressSanitizer reserves terabytes of address space, and limits memory itself)
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_ADDRESS_SPACE, WORKER_ADDRESS_SPACE))
+    elif Path(_pyllm_c.__file__).resolve().parent != sanitized.resolve() / "pyllm":
+        sys.exit(f"the worker imported {_pyllm_c.__file__}, not the sanitized build in {sanitized}")
     logging.disable(logging.CRITICAL)  # the loader's warnings about odd vocabularies are expected here
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes to the worker's log, not into the answers
@@ -111,17 +117,30 @@ def worker_main() -> None:
 
 
 class Worker:
-    """A worker process fed paths over a pipe, replaced when it dies or hangs."""
+    """A worker process fed paths over a pipe, replaced when it dies or hangs. With `sanitized` (a directory
+    that `make test-asan-py` built: pyllm with its C core under ASan + UBSan) the worker runs that build, and a
+    sanitizer's report ends it: a crash."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, sanitized: Path | None = None) -> None:
         self.log_path = log_path
+        self.sanitized = sanitized
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]  # this checkout's pyllm, not an installed one
+        args = [sys.executable, __file__, "--worker"]
+        env = dict(os.environ)
+        if self.sanitized is not None:
+            paths.insert(0, str(self.sanitized))
+            args += ["--sanitized", str(self.sanitized)]
+            libasan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True,
+                                     check=True).stdout.strip()
+            env.update(LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:hard_rss_limit_mb=8192",
+                       UBSAN_OPTIONS="print_stacktrace=1")
+        env["PYTHONPATH"] = os.pathsep.join(paths)
         with open(self.log_path, "a") as log:
-            return subprocess.Popen([sys.executable, "-m", "tests.fuzz.gguf_fuzz", "--worker"], cwd=ROOT, env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+            return subprocess.Popen(args, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=log, text=True, bufsize=1)
 
     def run(self, path: Path, deadline: float) -> dict[str, Any]:
         if self.proc is None:
@@ -738,16 +757,16 @@ def read_in_process(path: Path) -> dict[str, Any]:
 
 def fuzz(files: int, seed: int = 0, minutes: float | None = None, deadline: float = 20.0,
          keep: Path | None = None, log: Callable[[str], None] | None = None,
-         show: tuple[str, ...] = BAD_OUTCOMES) -> Report:
+         show: tuple[str, ...] = BAD_OUTCOMES, sanitized: Path | None = None) -> Report:
     """Try `files` mutated files (or as many as fit in `minutes`); the bad ones are copied into `keep`, and each
-    file whose outcome is in `show` is logged."""
+    file whose outcome is in `show` is logged. `sanitized`: the worker runs that sanitized build (see Worker)."""
     logging.getLogger("gguf").setLevel(logging.ERROR)  # GGUFWriter warns of the keys the lies overwrite
     report = Report()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gguf-fuzz-") as tmp:
         work = Path(tmp)
         mutator = Mutator(np.random.default_rng(seed), make_seeds(work))
-        worker = Worker(work / "worker.log")
+        worker = Worker(work / "worker.log", sanitized)
         path = work / "fuzz.gguf"
         try:
             for i in range(files):
@@ -790,13 +809,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="copy each crash, hang or unexpected file here")
     parser.add_argument("--show", action="append", choices=OUTCOMES, default=None,
                         help="log each file with this outcome (default: crash, hang, unexpected)")
+    parser.add_argument("--sanitized", type=Path, default=None,
+                        help="the worker runs this sanitized build of pyllm (make test-asan-py: build/asan-py)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker_main()
+        worker_main(args.sanitized)
         return 0
     report = fuzz(args.files, args.seed, args.minutes, args.deadline, args.keep,
-                  log=lambda line: print(line, flush=True), show=tuple(args.show or BAD_OUTCOMES))
+                  log=lambda line: print(line, flush=True), show=tuple(args.show or BAD_OUTCOMES),
+                  sanitized=args.sanitized)
     print(report.summary())
     return 1 if any(report.outcomes[o] for o in BAD_OUTCOMES) else 0
 
