@@ -675,8 +675,8 @@ class Mutator:
             shape[axis] = max(1, shape[axis] + self.pick([-32, -16, -1, 1, 16, 32, shape[axis]]))
             self._replace(recipe, name, ttype, tuple(shape), rng)
         elif op == "extra-layer":
-            arch = recipe.kvs["general.architecture"][0]
-            n_layer = recipe.kvs.get(f"{arch}.block_count", (2,))[0]
+            arch = recipe.kvs.get("general.architecture", ("llama",))[0]
+            n_layer = recipe.kvs.get(f"{arch}.block_count", (2,))[0] if isinstance(arch, str) else 2
             for n in names:
                 if n.startswith("blk.0."):
                     recipe.tensors[f"blk.{n_layer}." + n[len("blk.0."):]] = recipe.tensors[n]
