@@ -16,6 +16,7 @@ def test_mutated_files_run_or_are_refused_cleanly(tmp_path: Path) -> None:
     bad = "\n".join(json.dumps(b) for b in report.bad[:10])
     assert not any(report.outcomes[o] for o in BAD_OUTCOMES), f"{report.summary()}\n{bad}"
     assert report.files == FILES
+    assert not report.mutator_failures, report.mutator_failures[0]
     # both sides of the loader are reached: files that load and run, and files refused past the reader
     assert report.outcomes["ran"] >= FILES // 20, report.summary()
     assert report.outcomes["error"] - report.reader_errors >= FILES // 5, report.summary()
