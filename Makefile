@@ -6,12 +6,13 @@ CFLAGS_C = -std=c11 -O2 -g -Wall -Wextra -Werror -ffp-contract=off -pthread
 SANITIZE = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*.c))
 
-.PHONY: help install build models chat test test-py test-c test-asan bench-kernels lint clean
+.PHONY: help install build models chat test test-py test-c test-asan test-asan-py bench-kernels lint clean
 
 help:
 	@echo "make chat       install pyllm, fetch the default model (Qwen2.5-Coder-1.5B, 1.1 GB) and chat with it"
 	@echo "make test       install the test dependencies and run every test (what CI runs)"
 	@echo "make test-asan  the C kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+	@echo "make test-asan-py  forward passes of every architecture through the C core under ASan + UBSan"
 	@echo "make models     fetch the catalogue models the tests use into models/"
 	@echo "make build      rebuild the C core after editing csrc/"
 
@@ -48,6 +49,19 @@ test-c: $(addprefix csrc/tests/,$(C_TESTS))
 test-asan: $(addprefix csrc/tests/,$(addsuffix _asan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; ./$$t || exit 1; done
 
+# The C core built a second time under ASan + UBSan (into build/asan-py, the Python sources linked beside it),
+# driven from Python: forward passes of each architecture's tiny model and a hostile file's refusal. -O0: the
+# SIMD files take minutes to build at -O1 under the sanitizers, the whole build 20 s at -O0.
+ASAN_PY = build/asan-py
+test-asan-py:
+	rm -rf $(ASAN_PY) && mkdir -p $(ASAN_PY)/pyllm
+	PYLLM_EXTRA_CFLAGS="-O0 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	PYLLM_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
+	    $(PYTHON) setup.py -q build_ext --build-lib $(ASAN_PY) --build-temp $(ASAN_PY)/temp
+	ln -s $(abspath $(wildcard pyllm/*.py)) $(ASAN_PY)/pyllm/
+	LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	    PYTHONPATH=$(ASAN_PY) $(PYTHON) tests/sanitized_forward.py $(ASAN_PY)
+
 # ns per 4096-element row of every vec_dot kernel, per tier (one thread)
 bench-kernels: csrc/tests/test_simd_stress
 	./csrc/tests/test_simd_stress 0 bench
@@ -58,7 +72,7 @@ test-py: models
 lint:
 	$(PYTHON) -m ruff check pyllm tests
 
-test: install models lint test-c test-asan test-py
+test: install models lint test-c test-asan test-asan-py test-py
 
 clean:
 	rm -rf build *.egg-info pyllm/*.so $(addprefix csrc/tests/,$(C_TESTS) $(addsuffix _asan,$(C_TESTS)))

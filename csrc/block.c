@@ -144,17 +144,17 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
                            int64_t m, const pyllm_segment *segments, int n_segments,
                            int n_threads) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
-    int status = rms_norm_rows(x, b->attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    int status = rms_norm_rows(x, b->attn_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     const pyllm_weight *qkv[3] = {&b->wq, &b->wk, &b->wv};
     float *qkv_out[3] = {s->q, s->k, s->v};
     if (status == PYLLM_OK) status = matmul_shared(qkv, qkv_out, 3, s->h, m, n_threads);
     if (status != PYLLM_OK) return status;
-    if (b->bq) add_rows(s->q, b->bq, m, q_row);
-    if (b->bk) add_rows(s->k, b->bk, m, kv_row);
-    if (b->bv) add_rows(s->v, b->bv, m, kv_row);
-    if (b->q_norm) status = rms_norm_rows(s->q, b->q_norm, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps, n_threads);
-    if (b->k_norm && status == PYLLM_OK) {
-        status = rms_norm_rows(s->k, b->k_norm, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
+    if (b->bq.data) add_rows(s->q, b->bq.data, m, q_row);
+    if (b->bk.data) add_rows(s->k, b->bk.data, m, kv_row);
+    if (b->bv.data) add_rows(s->v, b->bv.data, m, kv_row);
+    if (b->q_norm.data) status = rms_norm_rows(s->q, b->q_norm.data, s->q, m * cfg->n_head, cfg->head_dim, cfg->norm_eps, n_threads);
+    if (b->k_norm.data && status == PYLLM_OK) {
+        status = rms_norm_rows(s->k, b->k_norm.data, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
     }
     const float *cos_sin = rope_angles(s, b, segments, n_segments, m, cfg->n_rot);
     if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
@@ -181,7 +181,7 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     if (status != PYLLM_OK) return status;
     status = matmul(&b->wo, s->attn, m, s->h, n_threads);  /* h is free again: the output goes there */
     if (status != PYLLM_OK) return status;
-    if (b->post_attn_norm) status = rms_norm_rows(s->h, b->post_attn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    if (b->post_attn_norm.data) status = rms_norm_rows(s->h, b->post_attn_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     return status == PYLLM_OK ? add_into(x, s->h, m, cfg->n_embd, n_threads) : status;
 }
 
@@ -194,7 +194,7 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
 
 static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_scratch *s, float *x, int64_t m,
                      int n_threads) {
-    int status = rms_norm_rows(x, b->ffn_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    int status = rms_norm_rows(x, b->ffn_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     for (int64_t r0 = 0; r0 < m && status == PYLLM_OK; r0 += FFN_CHUNK_ROWS) {
         const int64_t rows = m - r0 < FFN_CHUNK_ROWS ? m - r0 : FFN_CHUNK_ROWS;
         float *h = s->h + r0 * cfg->n_embd;  /* these rows' input, then (once gate and up have read it) output */
@@ -207,8 +207,8 @@ static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_
         }
         if (status == PYLLM_OK) status = matmul(&b->w_down, s->gate, rows, h, n_threads);
     }
-    if (status == PYLLM_OK && b->post_ffw_norm) {
-        status = rms_norm_rows(s->h, b->post_ffw_norm, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
+    if (status == PYLLM_OK && b->post_ffw_norm.data) {
+        status = rms_norm_rows(s->h, b->post_ffw_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     }
     return status == PYLLM_OK ? add_into(x, s->h, m, cfg->n_embd, n_threads) : status;
 }
@@ -219,12 +219,21 @@ static int config_valid(const pyllm_block_config *cfg) {
            (cfg->activation == 0 || cfg->activation == 1);
 }
 
+/* An absent vector (NULL) or one of exactly n floats. */
+static int vector_fits(pyllm_vector v, int64_t n) {
+    return v.data == NULL || v.n == n;
+}
+
 static int shapes_agree(const pyllm_block_config *cfg, const pyllm_block *b) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
     return b->wq.n_in == cfg->n_embd && b->wq.n_out == q_row && b->wk.n_in == cfg->n_embd && b->wk.n_out == kv_row &&
            b->wv.n_in == cfg->n_embd && b->wv.n_out == kv_row && b->wo.n_in == q_row && b->wo.n_out == cfg->n_embd &&
            b->w_gate.n_in == cfg->n_embd && b->w_gate.n_out == cfg->n_ff && b->w_up.n_in == cfg->n_embd &&
-           b->w_up.n_out == cfg->n_ff && b->w_down.n_in == cfg->n_ff && b->w_down.n_out == cfg->n_embd;
+           b->w_up.n_out == cfg->n_ff && b->w_down.n_in == cfg->n_ff && b->w_down.n_out == cfg->n_embd &&
+           vector_fits(b->attn_norm, cfg->n_embd) && vector_fits(b->ffn_norm, cfg->n_embd) &&
+           vector_fits(b->bq, q_row) && vector_fits(b->bk, kv_row) && vector_fits(b->bv, kv_row) &&
+           vector_fits(b->q_norm, cfg->head_dim) && vector_fits(b->k_norm, cfg->head_dim) &&
+           vector_fits(b->post_attn_norm, cfg->n_embd) && vector_fits(b->post_ffw_norm, cfg->n_embd);
 }
 
 int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,

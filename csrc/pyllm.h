@@ -192,13 +192,20 @@ typedef struct {
     int64_t n_out, n_in;
 } pyllm_weight;
 
-/* One layer's weights; a NULL vector is a step the layer does not have (biases, q/k norms, post norms). */
+/* A norm weight or bias: n floats. Its length travels with it so that pyllm_blocks_forward can refuse a short
+ * one instead of reading past it. */
+typedef struct {
+    const float *data;
+    int64_t n;
+} pyllm_vector;
+
+/* One layer's weights; a vector with NULL data is a step the layer does not have (biases, q/k norms, post norms). */
 typedef struct {
     pyllm_weight wq, wk, wv, wo, w_gate, w_up, w_down;
-    const float *attn_norm, *ffn_norm;          /* (n_embd,) */
-    const float *bq, *bk, *bv;                  /* (n_head * head_dim,), (n_head_kv * head_dim,) x 2 */
-    const float *q_norm, *k_norm;               /* (head_dim,) */
-    const float *post_attn_norm, *post_ffw_norm; /* (n_embd,) */
+    pyllm_vector attn_norm, ffn_norm;            /* (n_embd,) */
+    pyllm_vector bq, bk, bv;                     /* (n_head * head_dim,), (n_head_kv * head_dim,) x 2 */
+    pyllm_vector q_norm, k_norm;                 /* (head_dim,) */
+    pyllm_vector post_attn_norm, post_ffw_norm;  /* (n_embd,) */
     float rope_base, rope_scale;
     int32_t window;                             /* sliding window in tokens; 0: full attention */
 } pyllm_block;

@@ -13,6 +13,7 @@ import click
 from . import catalogue
 from .chat import BASE_MODEL_MAX_TOKENS
 from .gguf import GGUFError, GGUFFile
+from .strings import StringArray
 
 
 def _open_model(model: str) -> GGUFFile:
@@ -24,7 +25,11 @@ def _open_model(model: str) -> GGUFFile:
 
 
 def _summary(f: GGUFFile) -> dict:
-    arch = f.get("general.architecture", "?")
+    def text(key: str) -> str | None:  # a summary of any file: a key of another type shows as absent
+        value = f.get(key)
+        return value if isinstance(value, str) else None
+
+    arch = text("general.architecture") or "?"
     n_params = sum(t.n_elements for t in f.tensors.values())
     types = Counter(t.type_name for t in f.tensors.values())
     hyper = {k[len(arch) + 1:]: v for k, v in f.metadata.items()
@@ -35,13 +40,13 @@ def _summary(f: GGUFFile) -> dict:
         "file_bytes": f.path.stat().st_size,
         "gguf_version": f.version,
         "architecture": arch,
-        "name": f.get("general.name"),
+        "name": text("general.name"),
         "parameters": n_params,
         "tensors": len(f.tensors),
         "tensor_types": dict(types.most_common()),
         "hyperparameters": hyper,
-        "tokenizer": f.get("tokenizer.ggml.model"),
-        "vocab_size": len(tokens) if tokens is not None else None,
+        "tokenizer": text("tokenizer.ggml.model"),
+        "vocab_size": len(tokens) if isinstance(tokens, StringArray) else None,
         "chat_template": "tokenizer.chat_template" in f.metadata,
     }
 
@@ -302,7 +307,10 @@ def tokenize(model: str, text: str, no_bos: bool, special: bool, as_json: bool) 
         llm = Llama(str(catalogue.resolve(model)), vocab_only=True)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    ids = llm.tokenize(text.encode("utf-8"), add_bos=not no_bos, special=special)
+    try:  # a vocabulary can lack what the text needs (no byte token for a byte of it)
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=not no_bos, special=special)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(ids))
         return

@@ -15,7 +15,8 @@ The file is mapped read-only and every header field is checked against the file 
 it is used, so a damaged or hostile file raises `GGUFError` (a one-line message that
 starts with the file path) instead of crashing, hanging or allocating memory in
 proportion to a lying length field. Tensor data is never copied: `GGUFFile.raw` and
-`GGUFFile.array` return numpy views of the mapping.
+`GGUFFile.array` return numpy views of the mapping. `metadata_int` and its siblings read one
+metadata value with its type and range checked.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import contextlib
 import math
 import mmap
 import os
+import stat
 import struct
 from array import array
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -40,12 +43,17 @@ __all__ = [
     "GGUF_MAGIC",
     "MAX_ARRAY_DEPTH",
     "MAX_DIMS",
+    "REQUIRED",
     "SUPPORTED_VERSIONS",
     "TYPE_TRAITS",
     "GGUFError",
     "GGUFFile",
     "TensorInfo",
     "ValueType",
+    "metadata_bool",
+    "metadata_float",
+    "metadata_int",
+    "metadata_str",
     "type_name",
 ]
 
@@ -76,6 +84,12 @@ TYPE_TRAITS: dict[int, tuple[str, int, int]] = {
 
 # The tensor types `GGUFFile.array` returns as typed views.
 _FLOAT_DTYPES: dict[int, np.dtype[Any]] = {0: np.dtype("<f4"), 1: np.dtype("<f2")}
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "an unknown kind of file")
 
 
 class ValueType(IntEnum):
@@ -167,6 +181,82 @@ def _value_type_name(type_id: int) -> str:
         return ValueType(type_id).name
     except ValueError:
         return f"unknown value type {type_id}"
+
+
+# ---- typed metadata values -------------------------------------------------------
+#
+# A key's value is checked by its Python type, which the reader derives from the GGUF value type (integers ->
+# int, floats -> float, bools -> bool, strings -> str, arrays -> numpy arrays, StringArrays or lists), so the
+# same checks serve a GGUFFile's metadata and a plain dict. `error(message)` builds the exception to raise
+# (the caller's class, its file path in front).
+
+REQUIRED: Any = object()  # the default of a key that must be present
+MakeError = Callable[[str], Exception]
+
+
+def _describe(value: Any) -> str:
+    """What a metadata value is, for messages (an array by its length, not its elements)."""
+    if isinstance(value, bool):
+        return f"the bool {value}"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the float {value}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("..." if len(value) > 40 else "")
+    try:
+        return f"an array of {len(value)}"
+    except TypeError:
+        return f"a {type(value).__name__}"
+
+
+def _lookup(metadata: Mapping[str, Any], key: str, default: Any, error: MakeError) -> tuple[Any, bool]:
+    """(the value, whether the file has it); error if it is required and absent."""
+    if key in metadata:
+        return metadata[key], True
+    if default is REQUIRED:
+        raise error(f"missing metadata key {key}")
+    return default, False
+
+
+def metadata_int(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, lo: int, hi: int,
+                 error: MakeError) -> int:
+    """An integer value (of any GGUF integer type) in [lo, hi]; a bool, float, string or array is refused."""
+    value, present = _lookup(metadata, key, default, error)
+    if not present:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{key} holds {_describe(value)}, expected an integer")
+    if not lo <= value <= hi:
+        raise error(f"{key} = {value} is out of range (expected {lo} to {hi})")
+    return value
+
+
+def metadata_float(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *,
+                   error: MakeError) -> float:
+    """A finite number (a float, or an integer stored for one); NaN, infinities, bools, strings, arrays refused."""
+    value, present = _lookup(metadata, key, default, error)
+    if not present:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise error(f"{key} holds {_describe(value)}, expected a number")
+    if not math.isfinite(value):
+        raise error(f"{key} = {value} is not a finite number")
+    return float(value)
+
+
+def metadata_str(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, error: MakeError) -> str:
+    value, present = _lookup(metadata, key, default, error)
+    if present and not isinstance(value, str):
+        raise error(f"{key} holds {_describe(value)}, expected a string")
+    return value
+
+
+def metadata_bool(metadata: Mapping[str, Any], key: str, default: Any = REQUIRED, *, error: MakeError) -> bool:
+    value, present = _lookup(metadata, key, default, error)
+    if present and not isinstance(value, bool):
+        raise error(f"{key} holds {_describe(value)}, expected a bool")
+    return value
 
 
 @dataclass(frozen=True)
@@ -355,7 +445,8 @@ class GGUFFile:
 
     Use it as a context manager or call `close()`. Arrays returned by `raw()` and
     `array()` keep the mapping alive on their own, so they stay valid after `close()`.
-    Raises GGUFError for a malformed file, OSError if it cannot be opened.
+    Raises GGUFError for a malformed file and for one that cannot be read (missing, not a regular file,
+    no permission).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -367,16 +458,33 @@ class GGUFFile:
         self.tensors: dict[str, TensorInfo] = {}
         self.alignment = DEFAULT_ALIGNMENT
         self.data_offset = 0
-        self._mm: mmap.mmap | None = None
-        with open(self.path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise GGUFError(f"{self.path}: truncated while reading the magic: the file is empty")
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mm: mmap.mmap | None = self._map()
         try:
             self._parse(_Cursor(self._mm, self.path))
         except BaseException:
             self.close()
             raise
+
+    def _map(self) -> mmap.mmap:
+        """The file mapped read-only. Only a regular file is opened: a directory, FIFO, socket or device is
+        refused from its stat (opening a FIFO would wait for a writer), and the open itself does not block, in
+        case the path was swapped for one since; the descriptor's own stat is checked again."""
+        try:
+            mode = os.stat(self.path).st_mode
+            if not stat.S_ISREG(mode):
+                raise GGUFError(f"{self.path}: not a regular file ({_file_kind(mode)})")
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise GGUFError(f"{self.path}: not a regular file ({_file_kind(st.st_mode)})")
+                if st.st_size == 0:
+                    raise GGUFError(f"{self.path}: truncated while reading the magic: the file is empty")
+                return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise GGUFError(f"{self.path}: cannot read the file: {exc.strerror or exc}") from None
 
     def _parse(self, cur: _Cursor) -> None:
         start = cur.take(4, "the magic")

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import catalogue
 from . import params as check
+from .arch import context_length
 from .chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .engine import FINISHED, Engine, Request, Step
 from .gguf import GGUFFile
@@ -186,7 +187,8 @@ class Llama:
             self.metadata = self._file.metadata
             self.tokenizer = Tokenizer.from_gguf(self._file)
             self.model: Model | None = None if vocab_only else Model(self._file, n_threads=self.n_threads)
-            self.n_ctx = n_ctx or (self.model.config.n_ctx_train if self.model is not None else 2048)
+            train_ctx = self.model.config.n_ctx_train if self.model is not None else context_length(self._file)
+            self.n_ctx = n_ctx or train_ctx
             self.prefill_chunk = min(prefill_chunk, self.n_ctx)
             if self.model is not None:
                 self._check_memory(self.model)

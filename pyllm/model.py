@@ -170,7 +170,8 @@ class _CBlocks:
             for name in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
                          "post_ffw_norm"):
                 vector = getattr(layer, name)
-                setattr(block, name, ffi.NULL if vector is None else ffi.from_buffer("float[]", vector))
+                setattr(block, name, {"data": ffi.NULL, "n": 0} if vector is None else
+                        {"data": ffi.from_buffer("float[]", vector), "n": len(vector)})
             block.rope_base, block.rope_scale = cfg.layer_rope(i)
             block.window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
 

@@ -39,10 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from .gguf import GGUFError, metadata_bool, metadata_int, metadata_str
 from .pretokenizers import PRE_TOKENIZERS, UNSUPPORTED_PRE, PreTokenizer
 from .strings import StringArray
 
-__all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError"]
+__all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError", "VocabularyError"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,23 @@ def _string_array(value: Any) -> StringArray | None:
 
 class TokenizerError(ValueError):
     """A vocabulary pyllm cannot use, or a token id it does not have."""
+
+
+class VocabularyError(TokenizerError, GGUFError):
+    """A file's ``tokenizer.*`` metadata that pyllm cannot use: a GGUFError too, like any other fault of a file."""
+
+
+def _number_array(value: Any, integers: bool) -> np.ndarray | None:
+    """A metadata array of numbers (integers only, if asked) as a 1-D numpy array; None for anything else."""
+    if isinstance(value, str | StringArray):
+        return None
+    try:
+        values = np.asarray(value)
+    except ValueError:  # ragged nested lists
+        return None
+    if values.ndim != 1 or values.dtype.kind not in ("iu" if integers else "iuf"):
+        return None
+    return values
 
 
 class TokenAttr(IntFlag):
@@ -315,7 +333,7 @@ class Tokenizer:
         def get(key: str, default: Any = None) -> Any:
             return metadata.get(key, default)
 
-        model = get("tokenizer.ggml.model")
+        model = metadata_str(metadata, "tokenizer.ggml.model", None, error=self._error)
         if model is None:
             raise self._error("no tokenizer.ggml.model in the metadata")
         if model == "llama":
@@ -349,6 +367,8 @@ class Tokenizer:
             raise self._error(f"token text {texts[repeat]!r} appears more than once in tokenizer.ggml.tokens")
 
         scores = get("tokenizer.ggml.scores")
+        if scores is not None and (scores := _number_array(scores, integers=False)) is None:
+            raise self._error("tokenizer.ggml.scores is not an array of numbers")
         if scores is not None and len(scores) < n:
             raise self._error(f"tokenizer.ggml.scores has {len(scores)} values for {n} tokens")
         # float32, as GGUF stores them and llama.cpp keeps them
@@ -358,10 +378,11 @@ class Tokenizer:
         if types is None:
             attrs = array("i", [_NORMAL]) * n
         else:
+            if (types := _number_array(types, integers=True)) is None:
+                raise self._error("tokenizer.ggml.token_type is not an array of integers")
             if len(types) < n:
                 raise self._error(f"tokenizer.ggml.token_type has {len(types)} values for {n} tokens")
-            type_list = types.tolist() if hasattr(types, "tolist") else list(types)
-            attrs = array("i", (_TYPE_ATTR.get(int(t), 0) for t in type_list[:n]))
+            attrs = array("i", (_TYPE_ATTR.get(t, 0) for t in types[:n].tolist()))
         self._attrs = attrs
 
         # -- kind-specific defaults (llama_vocab::impl::load) --
@@ -383,7 +404,7 @@ class Tokenizer:
             if merges is None:
                 raise self._error("tokenizer.ggml.merges is not an array of strings")
             self._merges = merges  # a merge's rank is its first index
-            pre = get("tokenizer.ggml.pre")
+            pre = metadata_str(metadata, "tokenizer.ggml.pre", None, error=self._error)
             if not pre:
                 log.warning("%s: no tokenizer.ggml.pre, using the 'default' pre-tokenizer "
                             "(generation quality may suffer; llama.cpp does the same)", source)
@@ -401,31 +422,35 @@ class Tokenizer:
             self.add_bos = pre_tok.add_bos
             self.clean_spaces = pre_tok.clean_spaces
         self.add_eos = False
-        self.add_space_prefix = bool(get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+        self.add_space_prefix = metadata_bool(metadata, "tokenizer.ggml.add_space_prefix", self.add_space_prefix,
+                                              error=self._error)
         # read for completeness: llama.cpp applies it only to UGM (T5) vocabularies
-        self.remove_extra_whitespaces = bool(get("tokenizer.ggml.remove_extra_whitespaces", False))
+        self.remove_extra_whitespaces = metadata_bool(metadata, "tokenizer.ggml.remove_extra_whitespaces", False,
+                                                      error=self._error)
 
         for name, value in ids.items():
             if value is not None and value >= n:
                 log.warning("%s: default special token %s = %d is out of range, disabling it", source, name, value)
                 ids[name] = None
         for name, key in _SPECIAL_ID_KEYS:
-            value = get(f"tokenizer.ggml.{key}")
+            value = metadata_int(metadata, f"tokenizer.ggml.{key}", None, lo=-(1 << 63), hi=(1 << 64) - 1,
+                                 error=self._error)
             if value is None:
                 continue
-            value = int(value)
             if not 0 <= value < n:
                 log.warning("%s: bad special token tokenizer.ggml.%s = %d, keeping %s", source, key, value, ids[name])
             else:
                 ids[name] = value
-        if get("tokenizer.ggml.add_bos_token") is not None:
-            self.add_bos = bool(get("tokenizer.ggml.add_bos_token"))
-        if get("tokenizer.ggml.add_eos_token") is not None:
-            self.add_eos = bool(get("tokenizer.ggml.add_eos_token"))
+        self.add_bos = metadata_bool(metadata, "tokenizer.ggml.add_bos_token", self.add_bos, error=self._error)
+        self.add_eos = metadata_bool(metadata, "tokenizer.ggml.add_eos_token", self.add_eos, error=self._error)
 
         self._find_special_tokens(ids)
-        self._mark_strip_attrs(str(get("general.name", "") or ""), str(get("tokenizer.ggml.pre", "") or ""),
-                               str(get("general.architecture", "") or ""))
+
+        def text(key: str) -> str:  # names that only pick per-model quirks: any other value picks none
+            value = get(key)
+            return value if isinstance(value, str) else ""
+
+        self._mark_strip_attrs(text("general.name"), text("tokenizer.ggml.pre"), text("general.architecture"))
 
         specials = [i for i, a in enumerate(self._attrs) if a & (_CONTROL | _USER_DEFINED | _UNKNOWN)]
         specials.sort(key=lambda i: -len(self._texts[i].encode("utf-8")))
@@ -433,7 +458,7 @@ class Tokenizer:
         self._specials_all = _SpecialTable(entries)
         self._specials_user = _SpecialTable([e for e in entries if not e[2] & (_CONTROL | _UNKNOWN)])
 
-        self.chat_template: str | None = get("tokenizer.chat_template")
+        self.chat_template: str | None = metadata_str(metadata, "tokenizer.chat_template", None, error=self._error)
         self._pieces: dict[int, bytes] = {}  # the rendered tokens so far
         self._byte_ids: list[int | None] | None = None
         self._bpe_word = functools.lru_cache(maxsize=1 << 16)(self._bpe_word_uncached)
@@ -445,8 +470,8 @@ class Tokenizer:
         """The tokenizer of an open `pyllm.gguf.GGUFFile` (anything with a ``metadata`` mapping)."""
         return cls(f.metadata, source=str(getattr(f, "path", "tokenizer")))
 
-    def _error(self, message: str) -> TokenizerError:
-        return TokenizerError(f"{self._source}: {message}")
+    def _error(self, message: str) -> VocabularyError:
+        return VocabularyError(f"{self._source}: {message}")
 
     def _find_special_tokens(self, ids: dict[str, int | None]) -> None:
         """EOT/EOM/FIM detection by text, unused marking and the end-of-generation set, as llama.cpp does."""

@@ -296,6 +296,30 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_blocks_forward(&cfg, NULL, 0, rows2, 2, &two, 1, 1) == PYLLM_ERR_SHAPE, "blocks: position < 0");
     two.positions = descending;
     CHECK(pyllm_blocks_forward(&cfg, NULL, 0, rows2, 2, &two, 1, 1) == PYLLM_ERR_SHAPE, "blocks: positions descend");
+
+    /* a layer whose norm weights or biases are shorter (or longer) than its steps read is refused before
+     * anything runs; one of the right lengths runs */
+    static const float weights[32 * 32], norm[32];
+    uint16_t cache_k[32], cache_v[32];
+    int32_t cache_pos[1] = {-1};
+    pyllm_kv_layer kv = {.k = cache_k, .v = cache_v, .positions = cache_pos, .capacity = 1, .k_row = 32, .v_row = 32};
+    pyllm_kv_layer *kv_layers[1] = {&kv};
+    pyllm_segment one = {.row0 = 0, .n_rows = 1, .positions = pos, .kv = kv_layers};
+    const pyllm_weight square = {PYLLM_TYPE_F32, weights, 32, 32};
+    pyllm_block block = {.wq = square, .wk = square, .wv = square, .wo = square, .w_gate = square, .w_up = square,
+                         .w_down = square, .attn_norm = {norm, 31}, .ffn_norm = {norm, 32}, .rope_base = 10000.0f,
+                         .rope_scale = 1.0f};
+    CHECK(pyllm_blocks_forward(&cfg, &block, 1, row, 1, &one, 1, 1) == PYLLM_ERR_SHAPE, "blocks: short attn_norm");
+    block.attn_norm.n = 32;
+    block.bk = (pyllm_vector){norm, 16};
+    CHECK(pyllm_blocks_forward(&cfg, &block, 1, row, 1, &one, 1, 1) == PYLLM_ERR_SHAPE, "blocks: short k bias");
+    block.bk.n = 32;
+    block.q_norm = (pyllm_vector){norm, 32};
+    CHECK(pyllm_blocks_forward(&cfg, &block, 1, row, 1, &one, 1, 1) == PYLLM_ERR_SHAPE, "blocks: long q norm");
+    block.q_norm.n = 16;
+    CHECK(cache_pos[0] == -1, "blocks: a refused call stores nothing");
+    CHECK(pyllm_blocks_forward(&cfg, &block, 1, row, 1, &one, 1, 1) == PYLLM_OK && cache_pos[0] == 0,
+          "blocks: a layer of the right lengths runs");
     CHECK(pyllm_rope(row, pos, 1, 2, 16, 15, 10000.0f, 1.0f, 0) == PYLLM_ERR_SHAPE, "rope: odd n_rot");
 }
 
