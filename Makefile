@@ -4,7 +4,7 @@ PIP = $(PYTHON) -m pip
 CC ?= cc
 CFLAGS_C = -std=c11 -O2 -g -Wall -Wextra -Werror -ffp-contract=off -pthread
 SANITIZE = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*.c))
+C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*/*.c))
 
 .PHONY: help install build models chat test test-py test-c test-asan test-asan-py bench-kernels lint clean
 
@@ -34,13 +34,13 @@ chat: install
 	$(PYTHON) -m pyllm.cli chat $(MODEL)
 
 C_TESTS = test_kernels test_simd_stress
-C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*.inc csrc/tests/*.h)
+C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*/*.h csrc/*/*.inc)
 
 csrc/tests/%: csrc/tests/%.c $(C_DEPS)
-	$(CC) $(CFLAGS_C) $(C_SOURCES) $< -o $@ -lm
+	$(CC) $(CFLAGS_C) -Icsrc $(C_SOURCES) $< -o $@ -lm
 
 csrc/tests/%_asan: csrc/tests/%.c $(C_DEPS)
-	$(CC) -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread $(SANITIZE) $(C_SOURCES) $< -o $@ -lm
+	$(CC) -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread $(SANITIZE) -Icsrc $(C_SOURCES) $< -o $@ -lm
 
 # The C tests: every SIMD tier the CPU has against the generic kernels, bit for bit.
 test-c: $(addprefix csrc/tests/,$(C_TESTS))

@@ -15,28 +15,9 @@ from cffi import FFI
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
 
-SOURCES = [
-    "quants.c",
-    "vec_dot_generic.c",
-    "vec_dot_avx2.c",
-    "vec_dot_avx2_vnni.c",
-    "vec_dot_avx512.c",
-    "panel.c",
-    "panel_avx512_vnni.c",
-    "interleave.c",
-    "interleave_avx512_vnni.c",
-    "dispatch.c",
-    "scratch.c",
-    "threadpool.c",
-    "matmul.c",
-    "ops.c",
-    "ops_avx2.c",
-    "ops_avx512.c",
-    "kvcache.c",
-    "block.c",
-    "strings.c",
-    "topk.c",
-]
+# Every C file of the core (csrc/<layer>/*.c; csrc/README.md says what each folder holds): a new backend's
+# files are built by being there. The C tests (csrc/tests) have mains of their own.
+SOURCES = sorted(str(p.relative_to(CSRC)) for p in CSRC.glob("*/*.c") if p.parent.name != "tests")
 
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind
 # their back (the dequantizers are bit-identical to gguf's numpy, and the

@@ -7,7 +7,7 @@
 
 #include <stdlib.h>
 
-#include "../quants.h"
+#include "formats/quants.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 

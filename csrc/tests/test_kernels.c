@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dispatch.h"
-#include "../matmul.h"
-#include "../panel.h"
-#include "../scratch.h"
-#include "../threadpool.h"
+#include "backend/dispatch.h"
+#include "matmul/matmul.h"
+#include "formats/panel.h"
+#include "core/scratch.h"
+#include "core/threadpool.h"
 #include "test_blocks.h"
 
 static int passed, failed;

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../dispatch.h"
+#include "backend/dispatch.h"
 #include "test_blocks.h"
 
 /* Every table of vec_dot kernels, with the lowest tier whose CPUs run it (generic first: the reference). */

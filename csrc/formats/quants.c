@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "quants.h"
+#include "formats/quants.h"
 
 /* ------------------------------------------------------------------------ */
 /* conversions                                                               */

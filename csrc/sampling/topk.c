@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dispatch.h"
+#include "backend/dispatch.h"
 
 /* (value, id) a worse than b: lower value, or the same value and a later id. */
 static inline int worse(const float *x, int32_t a, int32_t b) {

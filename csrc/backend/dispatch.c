@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "dispatch.h"
-#include "scratch.h"
+#include "backend/dispatch.h"
+#include "core/scratch.h"
 
 typedef struct {
     const char *name;

@@ -5,8 +5,8 @@
 #ifndef PYLLM_DISPATCH_H
 #define PYLLM_DISPATCH_H
 
-#include "panel.h"
-#include "quants.h"
+#include "formats/panel.h"
+#include "formats/quants.h"
 
 /* The vec_dot kernel of `tier` for weight `type` (falling back to lower tiers). */
 vec_dot_fn pyllm_vec_dot_kernel(int tier, int type);

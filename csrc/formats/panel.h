@@ -16,7 +16,7 @@
 #ifndef PYLLM_PANEL_H
 #define PYLLM_PANEL_H
 
-#include "quants.h"
+#include "formats/quants.h"
 
 #define PANEL_ROWS 16
 

@@ -25,10 +25,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "dispatch.h"
-#include "matmul.h"
-#include "scratch.h"
-#include "threadpool.h"
+#include "backend/dispatch.h"
+#include "matmul/matmul.h"
+#include "core/scratch.h"
+#include "core/threadpool.h"
 
 /* Weight rows handled together, so a tile of W stays in cache across X rows (an interleaved W's tile). */
 #define ROW_TILE X16_ROWS

@@ -1,7 +1,7 @@
 /*
  * panel.c - the panel layout of activation rows (panel.h) and the scratch sizes of the panel matmul.
  */
-#include "panel.h"
+#include "formats/panel.h"
 
 /* quants (nb * 512 bytes), then scale and sum (q8_1) or group_sums (q8_K), nb * 64 bytes each (q8_K's scale:
  * per superblock), so every part is whole 64-byte lines */

@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 
 #include "pyllm.h"
-#include "threadpool.h"
+#include "core/threadpool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -8,10 +8,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "dispatch.h"
-#include "quants.h"
-#include "scratch.h"
-#include "threadpool.h"
+#include "backend/dispatch.h"
+#include "formats/quants.h"
+#include "core/scratch.h"
+#include "core/threadpool.h"
 
 /* as llama.cpp: float squares summed in double in index order, a float mean, 1 / sqrtf */
 static float rms_scale(double sum, int64_t n, float eps) {

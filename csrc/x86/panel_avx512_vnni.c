@@ -5,7 +5,7 @@
  * Built without global -m flags: the kernels get their target by pragma and run only where dispatch.c has
  * seen the CPU features.
  */
-#include "panel.h"
+#include "formats/panel.h"
 
 #include <stddef.h>
 

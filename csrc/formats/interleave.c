@@ -8,7 +8,7 @@
  * 16 outputs by one lane of their reduction order, against an activation's 4 bytes broadcast. The rows'
  * values, and so every product and sum, are those of the plain matrix.
  */
-#include "dispatch.h"
+#include "backend/dispatch.h"
 
 int x16_base_type(int type) {
     switch (type) {

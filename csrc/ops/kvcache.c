@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "pyllm.h"
-#include "dispatch.h"
-#include "quants.h"
+#include "backend/dispatch.h"
+#include "formats/quants.h"
 
 static int64_t slot_of(const pyllm_kv_layer *layer, int32_t pos) {
     return layer->ring ? pos % layer->capacity : pos;

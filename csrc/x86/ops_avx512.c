@@ -11,7 +11,7 @@
  *
  * Compiled for AVX-512 F by pragma; dispatch.c hands these out only on CPUs with it.
  */
-#include "quants.h"
+#include "formats/quants.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -24,7 +24,7 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq")
 #endif
 
-#include "simd_avx2.h"
+#include "x86/simd_avx2.h"
 
 /* kt: 16-key blocks, block b's dimension i of key 16 b + j at kt[(b * d + i) * 16 + j], by gathers of the
  * keys' two halves at i and i + 1 (a last block's missing keys zero; d is even); vf: 16-dimension chunks,

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "quants.h"
+#include "formats/quants.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -24,7 +24,7 @@
 #pragma GCC target("avx2,fma,f16c,bmi2")
 #endif
 
-#include "simd_avx2.h"
+#include "x86/simd_avx2.h"
 
 static inline __m256 halves_to_floats8(const fp16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 

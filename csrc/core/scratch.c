@@ -2,7 +2,7 @@
  * scratch.c - per-thread buffers that grow to the largest size asked for (scratch.h says why), freed when
  * their thread ends.
  */
-#include "scratch.h"
+#include "core/scratch.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -22,7 +22,7 @@
  * Built without global -m flags: the kernels get their target by pragma and
  * run only where dispatch.c has seen the CPU features.
  */
-#include "quants.h"
+#include "formats/quants.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 

@@ -16,7 +16,7 @@
  * Built without global -m flags: the kernels get their target by pragma and run only where dispatch.c has
  * seen the CPU features.
  */
-#include "quants.h"
+#include "formats/quants.h"
 
 #include <stddef.h>
 

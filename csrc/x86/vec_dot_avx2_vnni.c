@@ -7,7 +7,7 @@
  * Built without global -m flags: the kernels get their target by pragma and
  * run only where dispatch.c has seen the CPU features.
  */
-#include "quants.h"
+#include "formats/quants.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -22,7 +22,7 @@
 
 #define PYLLM_VNNI 1
 #define PYLLM_SFX(name) name##_avx2_vnni
-#include "vec_dot_avx2.inc"
+#include "x86/vec_dot_avx2.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -10,10 +10,10 @@
  */
 #include <stdlib.h>
 
-#include "matmul.h"
+#include "matmul/matmul.h"
 #include "pyllm.h"
-#include "scratch.h"
-#include "threadpool.h"
+#include "core/scratch.h"
+#include "core/threadpool.h"
 
 /* The layers' rope settings (llama-style models have one, gemma3 a second for its sliding-window layers):
  * each one's angles for the batch's rows (m * n_rot), made once. */

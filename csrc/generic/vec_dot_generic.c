@@ -5,7 +5,7 @@
  */
 #include <math.h>
 
-#include "quants.h"
+#include "formats/quants.h"
 
 /* ---- 32-element formats against q8_0 / q8_1 activations: 8 lanes of 4 elements ---- */
 
