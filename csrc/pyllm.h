@@ -31,12 +31,12 @@ enum pyllm_type {
     PYLLM_TYPE_Q8_K = 15,
     PYLLM_TYPE_BF16 = 30,
     /* Not a GGUF type: Q4_0 blocks reduced in the 8-lane order of the other 32-element formats, which
-     * is llama.cpp's for a Q4_0 matrix it does not interleave (see quants.h). */
+     * is llama.cpp's for a Q4_0 matrix it does not interleave (formats/blocks.h). */
     PYLLM_TYPE_Q4_0_LANES = 31,
     /* Not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time
-     * (pyllm_group_q5_0; quants.h), the same values, sums and bits, fewer instructions a block. */
+     * (pyllm_repack; formats/blocks.h), the same values, sums and bits, fewer instructions a block. */
     PYLLM_TYPE_Q5_0_G8 = 32,
-    /* Not GGUF types: a Q4_1 / Q8_0 / Q5_0 matrix interleaved 16 rows at a time (pyllm_interleave; quants.h),
+    /* Not GGUF types: a Q4_1 / Q8_0 / Q5_0 matrix interleaved 16 rows at a time (pyllm_repack; formats/blocks.h),
      * the same values and the same matmul bits, for the decode kernels that hold 16 weight rows in a vector. */
     PYLLM_TYPE_Q4_1_X16 = 33,
     PYLLM_TYPE_Q8_0_X16 = 34,
@@ -63,9 +63,23 @@ enum pyllm_status {
     PYLLM_ERR_THREADS = -5    /* bad thread count, or threads could not start */
 };
 
-/* Type traits. block_size and type_size are 0 for an unsupported id. */
-int64_t pyllm_type_block_size(int type);
-int64_t pyllm_type_size(int type);
+/* The type table: one entry a type id, the one every part of pyllm reads (pyllm/gguf.py and pyllm/kernels.py
+ * through pyllm_traits). A pyllm layout is a matrix of a weight type rebuilt at load (pyllm_repack) or read in
+ * another order; it holds the same values as its plain type. */
+typedef struct {
+    const char *name;      /* ggml's name ("Q4_K"); a pyllm layout's says what it is ("Q4_1 (16-row tiles)") */
+    int64_t block_size;    /* elements a block */
+    int64_t type_size;     /* bytes a block */
+    int vec_dot_type;      /* the activation format a weight of this type is multiplied with; -1: not a weight type */
+    int plain_type;        /* the format whose values a layout holds (itself, for a format a file stores) */
+    int tile_rows;         /* rows a layout interleaves (a matrix's row count is a multiple of it); 1: one after another */
+    int repacked;          /* 1: a layout whose bytes are its plain type's moved (pyllm_repack builds it) */
+    int file_type;         /* 1: a tensor type pyllm reads from GGUF files */
+} pyllm_type_traits;
+
+const pyllm_type_traits *pyllm_traits(int type);        /* NULL for an unknown id */
+int64_t pyllm_type_block_size(int type);        /* 0 for an unknown id */
+int64_t pyllm_type_size(int type);              /* 0 for an unknown id */
 const char *pyllm_type_name(int type);          /* "?" when unknown */
 int pyllm_vec_dot_type(int type);               /* activation format paired with a weight type, -1 if none */
 int pyllm_can_quantize(int type);               /* 1 if pyllm_quantize_row supports the type */
@@ -75,22 +89,21 @@ int pyllm_cpu_best_tier(void);
 int pyllm_active_tier(void);
 int pyllm_set_tier(int tier);                   /* PYLLM_ERR_TIER if the CPU lacks it */
 const char *pyllm_tier_name(int tier);
-int pyllm_physical_cores(void);
+int pyllm_physical_cores(void);                 /* the default thread count: counted once, at the first call */
 
 /* src: n elements of `type` (n a multiple of its block size) -> dst[n] float32; PYLLM_ERR_TYPE for a type
  * whose rows are not stored one after another (the interleaved ones: pyllm_dequantize_rows) */
 int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
-/* A Q5_0 matrix (n_rows rows of n elements) into dst in the PYLLM_TYPE_Q5_0_G8 layout (as many bytes). */
-int pyllm_group_q5_0(const void *src, void *dst, int64_t n_rows, int64_t n);
+/* The layout the active tier's matmuls read a matrix of weight `type` with n_rows rows in (for_matmul 0: a matrix
+ * only looked up by rows, an embedding): Q4_0 whose rows are not a multiple of 8 as PYLLM_TYPE_Q4_0_LANES (llama.cpp
+ * reduces such a matrix in that order), Q4_1, Q8_0 and Q5_0 in 16-row tiles where the tier has their tile kernels,
+ * Q5_0 otherwise regrouped (Q5_0_G8), the others as they are. -1 for a type that is not a weight type. */
+int pyllm_choose_layout(int type, int64_t n_rows, int for_matmul);
 
-/* The interleaved form (PYLLM_TYPE_*_X16) of weight `type` when the active tier has its kernels, else -1
- * (keep the matrix as it is). */
-int pyllm_interleaved_type(int type);
-
-/* A matrix of n_rows rows (a multiple of 16) of n elements of `type` (Q4_1, Q8_0, Q5_0) into dst in its interleaved
- * layout (as many bytes). */
-int pyllm_interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n);
+/* A matrix of n_rows rows of n elements of `type` into dst in `layout` (a layout of type with traits repacked = 1:
+ * the same values, their bytes moved), as many bytes. */
+int pyllm_repack(int type, int layout, const void *src, void *dst, int64_t n_rows, int64_t n);
 
 /* Rows rows[0..m) of a matrix w of n_rows rows of n elements of any matmul type (interleaved or not)
  * -> out[m, n] float32. PYLLM_ERR_SHAPE for a row outside the matrix. */
@@ -109,11 +122,31 @@ int pyllm_quantize_activations(int type, const float *x, void *dst, int64_t n);
  * the kernel of the given tier. */
 int pyllm_vec_dot(int tier, int type, const void *w, const void *act, int64_t n, float *out);
 
-/* Y[M,N] = X[M,K] . W[N,K]^T, W rows of weight `type` (row stride = K / block_size * type_size
- * bytes), X and Y float32 row-major. Each Y row is bit-identical whatever M and n_threads.
- * n_threads <= 0 means pyllm_physical_cores(). */
-int pyllm_matmul(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m,
-                 float *y, int n_threads);
+/* The kernels the active tier multiplies weights in `layout` (a weight type or a pyllm layout of one) with, every
+ * shape of matmul chosen once (backend/kernel_set.h); NULL when layout is not a weight type. A weight keeps the set
+ * it was given when it loaded. */
+typedef struct pyllm_kernel_set pyllm_kernel_set;
+const pyllm_kernel_set *pyllm_kernels(int layout);
+
+/* A weight matrix in place: n_out rows of n_in elements, multiplied by `kernels` (which say its layout). */
+typedef struct {
+    const pyllm_kernel_set *kernels;
+    const void *data;
+    int64_t n_out, n_in;
+} pyllm_weight;
+
+/* The two phases of a forward pass, told apart by the rows a batch holds (pyllm_phase_of): a decode step (each
+ * sequence's next token) is memory-bound, its weights read once from memory, and each thread converts X for itself
+ * and streams a range of W of its own; a prefill (a prompt's rows) is compute-bound, X converted and laid out once for
+ * the kernels that take many rows. */
+typedef enum { PYLLM_PHASE_DECODE = 0, PYLLM_PHASE_PREFILL = 1 } pyllm_phase;
+/* Fewer rows than this are a decode step: few enough that reading W, not converting X, is its cost. */
+enum { PYLLM_PREFILL_MIN_ROWS = 8 };
+pyllm_phase pyllm_phase_of(int64_t m);
+
+/* Y[M,N] = X[M,K] . W[N,K]^T, W a weight (N = n_out, K = n_in), X and Y float32 row-major. Each Y row is
+ * bit-identical whatever M and n_threads. n_threads <= 0 means pyllm_physical_cores(). */
+int pyllm_matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads);
 
 /* ---- forward-pass ops (ops.c); each output row is computed alone, in a fixed order ---- */
 
@@ -184,13 +217,6 @@ int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discar
 void pyllm_kv_truncate(const pyllm_kv_layer *layer, int32_t n_tokens);
 
 /* ---- transformer blocks (block.c): every step of a layer in one call ---- */
-
-/* A weight matrix in place: n_out rows of n_in elements of `type` (a matmul type). */
-typedef struct {
-    int type;
-    const void *data;
-    int64_t n_out, n_in;
-} pyllm_weight;
 
 /* A norm weight or bias: n floats. Its length travels with it so that pyllm_blocks_forward can refuse a short
  * one instead of reading past it. */

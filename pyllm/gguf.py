@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ._pyllm_c import ffi, lib
 from .strings import StringArray
 
 __all__ = [
@@ -65,22 +66,20 @@ MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 2
 _INT64_MAX = 2**63 - 1
 
-# ggml type id -> (name, elements per block, bytes per block), for the types pyllm reads.
-TYPE_TRAITS: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    30: ("BF16", 1, 2),
-}
+
+def _file_types() -> dict[int, tuple[str, int, int]]:
+    """ggml type id -> (name, elements per block, bytes per block) of the tensor types pyllm reads from files, from the
+    C core's type table (csrc/formats/types.c), the one copy."""
+    types = {}
+    for type_id in range(lib.PYLLM_TYPE_COUNT):
+        entry = lib.pyllm_traits(type_id)
+        if entry != ffi.NULL and entry.file_type:
+            types[type_id] = (ffi.string(entry.name).decode(), entry.block_size, entry.type_size)
+    return types
+
+
+TYPE_TRAITS: dict[int, tuple[str, int, int]] = _file_types()
+
 
 # The tensor types `GGUFFile.array` returns as typed views.
 _FLOAT_DTYPES: dict[int, np.dtype[Any]] = {0: np.dtype("<f4"), 1: np.dtype("<f2")}

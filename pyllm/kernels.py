@@ -21,33 +21,18 @@ class KernelError(ValueError):
     """A kernel was given an unsupported type, a bad shape or a bad setting."""
 
 
-class GGMLType(IntEnum):
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q8_1 = 9
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    Q8_K = 15
-    BF16 = 30
-    # not a GGUF type: Q4_0 blocks reduced as llama.cpp reduces a Q4_0 matrix it leaves uninterleaved
-    Q4_0_LANES = 31
-    # not a GGUF type: a Q5_0 matrix with each row's blocks regrouped eight at a time (group_q5_0)
-    Q5_0_G8 = 32
-    # not GGUF types: a Q4_1 / Q8_0 / Q5_0 matrix interleaved 16 rows at a time (interleave)
-    Q4_1_X16 = 33
-    Q8_0_X16 = 34
-    Q5_0_X16 = 35
+def _c_names(prefix: str) -> dict[str, int]:
+    """The C enum constants named prefix + NAME, as {NAME: value} in value order."""
+    names = {name[len(prefix):]: getattr(lib, name) for name in dir(lib) if name.startswith(prefix)}
+    return dict(sorted(((n, v) for n, v in names.items() if n != "COUNT"), key=lambda item: item[1]))
 
 
-TIERS = ("generic", "avx2", "avx512", "avx512_vnni")
+# Type ids are ggml's (GGUF stores them), and pyllm's layouts after them (Q4_0_LANES, Q5_0_G8, the 16-row tiles
+# Q4_1_X16, Q8_0_X16, Q5_0_X16); the C core's enum pyllm_type is the one list, its table (pyllm_traits) the traits.
+GGMLType = IntEnum("GGMLType", _c_names("PYLLM_TYPE_"))
+
+# The SIMD tiers, in order: a CPU that runs one runs every lower one.
+TIERS = tuple(ffi.string(lib.pyllm_tier_name(tier)).decode() for tier in range(lib.PYLLM_TIER_COUNT))
 
 _STATUS = {
     lib.PYLLM_ERR_TYPE: "unsupported type",
@@ -63,16 +48,23 @@ def _check(status: int, what: str) -> None:
         raise KernelError(f"{what}: {_STATUS.get(status, f'error {status}')}")
 
 
+def traits(type_id: int):
+    """The C table's entry of a type id (pyllm_type_traits: name, block_size, type_size, vec_dot_type, plain_type,
+    tile_rows, repacked, file_type), or None for an id it does not know."""
+    entry = lib.pyllm_traits(int(type_id))
+    return None if entry == ffi.NULL else entry
+
+
 def type_name(type_id: int) -> str:
     return ffi.string(lib.pyllm_type_name(int(type_id))).decode()
 
 
 def _traits(type_id: int) -> tuple[int, int]:
     """(block_size, type_size) of a supported type; KernelError otherwise."""
-    block_size = lib.pyllm_type_block_size(int(type_id))
-    if block_size == 0:
+    entry = traits(type_id)
+    if entry is None:
         raise KernelError(f"tensor type {type_id} is not supported by pyllm's kernels")
-    return block_size, lib.pyllm_type_size(int(type_id))
+    return entry.block_size, entry.type_size
 
 
 def row_bytes(type_id: int, n: int) -> int:
@@ -155,24 +147,55 @@ def _out_like(raw: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def group_q5_0(data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """A Q5_0 matrix (n_rows, row_bytes) in the Q5_0_G8 layout: each row's blocks eight at a time (scales
-    together, fifth bits transposed), the same values and the same matmul bits, fewer instructions a block for
-    the kernels. Into `out` (the same shape, contiguous), or a new 64-byte-aligned array."""
+def matrix_layout(type_id: int, n_rows: int, for_matmul: bool = True) -> GGMLType:
+    """The layout the active tier's matmuls read a matrix of `type_id` with n_rows rows in (C: pyllm_choose_layout): a
+    faster one with the same bits where there is one (16-row tiles where the tier has their kernels, Q5_0 regrouped),
+    Q4_0 in llama.cpp's order for its row count, else the type itself. for_matmul=False: a matrix only looked up by
+    rows (an embedding)."""
+    layout = lib.pyllm_choose_layout(int(type_id), int(n_rows), int(for_matmul))
+    if layout < 0:
+        raise KernelError(f"{type_name(type_id)} is not a weight type")
+    return GGMLType(layout)
+
+
+def repack(data: np.ndarray, type_id: int, layout: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A (n_rows, row_bytes) matrix of `type_id` rebuilt in `layout` (one whose traits say repacked): the same values
+    and the same matmul bits, the bytes moved. Into `out` (the same shape, contiguous), or a new 64-byte-aligned array.
+    A tiled layout keeps each tile's rows' bytes, so a matrix can go a slice of tiles at a time."""
     raw = _as_bytes(data)
-    _, type_size = _traits(GGMLType.Q5_0)
-    if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size:
-        raise KernelError(f"a Q5_0 matrix is (n_rows, row_bytes) whole blocks of {type_size} bytes; got {raw.shape}")
+    _, type_size = _traits(type_id)
+    entry = traits(layout)
+    tile_rows = entry.tile_rows if entry is not None else 1
+    if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size or raw.shape[0] % tile_rows:
+        what = f"({tile_rows} k, row_bytes)" if tile_rows > 1 else "(n_rows, row_bytes)"
+        raise KernelError(f"a {type_name(type_id)} matrix to repack is {what} whole blocks of {type_size} bytes; "
+                          f"got {raw.shape}")
     out = _out_like(raw, out)
-    n = raw.shape[1] // type_size * 32
-    _check(lib.pyllm_group_q5_0(ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n), "group Q5_0")
+    n = raw.shape[1] // type_size * _traits(type_id)[0]
+    _check(lib.pyllm_repack(int(type_id), int(layout), ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n),
+           f"repack {type_name(type_id)} as {type_name(layout)}")
     return out
 
 
+def _tiled_layout(type_id: int) -> int:
+    """The 16-row tiled layout of a weight type (whichever tier has its kernels), or -1."""
+    return next((t for t in GGMLType if (e := traits(t)) is not None and e.tile_rows > 1 and e.plain_type == type_id),
+                -1)
+
+
+def group_q5_0(data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A Q5_0 matrix (n_rows, row_bytes) in the Q5_0_G8 layout: each row's blocks eight at a time (scales
+    together, fifth bits transposed), the same values and the same matmul bits, fewer instructions a block for
+    the kernels."""
+    return repack(data, GGMLType.Q5_0, GGMLType.Q5_0_G8, out)
+
+
 def interleaved_type(type_id: int) -> GGMLType | None:
-    """The interleaved form of a weight type when this CPU's active tier has its decode kernels, else None."""
-    interleaved = lib.pyllm_interleaved_type(int(type_id))
-    return GGMLType(interleaved) if interleaved >= 0 else None
+    """The interleaved (16-row tiled) form of a weight type when this CPU's active tier has its decode kernels, else
+    None."""
+    layout = lib.pyllm_choose_layout(int(type_id), 16, 1)
+    entry = traits(layout) if layout >= 0 else None
+    return GGMLType(layout) if entry is not None and entry.tile_rows > 1 else None
 
 
 def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
@@ -183,21 +206,10 @@ def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
 
 
 def interleave(data: np.ndarray, type_id: int, out: np.ndarray | None = None) -> np.ndarray:
-    """A Q4_1 / Q8_0 / Q5_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, in its interleaved layout (the type
-    interleaved_type names): 16 rows a tile, their quants side by side 4 bytes at a time (Q5_0's fifth bits as a
-    64-bit mask a lane), the same values and the
-    same matmul bits, for kernels that hold 16 weight rows in a vector. Into `out` (the same shape, contiguous),
-    or a new 64-byte-aligned array. Each tile keeps its rows' bytes, so a matrix can go a slice of tiles at a time."""
-    raw = _as_bytes(data)
-    _, type_size = _traits(type_id)
-    if raw.ndim != 2 or raw.shape[1] == 0 or raw.shape[1] % type_size or raw.shape[0] % 16:
-        raise KernelError(f"an interleaved matrix is (16 k, row_bytes) whole blocks of {type_size} bytes; "
-                          f"got {raw.shape}")
-    out = _out_like(raw, out)
-    n = raw.shape[1] // type_size * 32
-    _check(lib.pyllm_interleave(int(type_id), ffi.from_buffer(raw), ffi.from_buffer(out), raw.shape[0], n),
-           f"interleave {type_name(type_id)}")
-    return out
+    """A Q4_1 / Q8_0 / Q5_0 matrix (n_rows, row_bytes), n_rows a multiple of 16, in its interleaved layout: 16 rows a
+    tile, their quants side by side 4 bytes at a time (Q5_0's fifth bits as a 64-bit mask a lane), the same values and
+    the same matmul bits, for kernels that hold 16 weight rows in a vector."""
+    return repack(data, type_id, _tiled_layout(type_id), out)
 
 
 def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
@@ -270,8 +282,9 @@ def matmul(w: np.ndarray, weight_type: int, x: np.ndarray, n_threads: int | None
 class WeightMatrix:
     """A weight W (N rows of K elements, quantized) checked once, for repeated Y = X · Wᵀ.
 
-    The forward pass multiplies by each weight once per layer per step; doing the
-    argument checks here, once, keeps the per-call cost to the C call itself.
+    The forward pass multiplies by each weight once per layer per step; the argument checks and the choice of
+    kernels (the active tier's kernel set for its layout, pyllm_kernels) are made here, once, so the per-call cost
+    is the C call itself. A later set_tier does not change how a loaded weight multiplies.
     """
 
     def __init__(self, data: np.ndarray, weight_type: int, n_in: int) -> None:
@@ -287,6 +300,10 @@ class WeightMatrix:
         self.n_in = n_in
         self.n_out = raw.shape[0]
         self.ptr = ffi.from_buffer(raw)
+        self.kernels = lib.pyllm_kernels(self.type)
+        # the C core's pyllm_weight: the model's blocks copy it, matmul takes it
+        self.c = ffi.new("pyllm_weight *", {"kernels": self.kernels, "data": self.ptr, "n_out": self.n_out,
+                                            "n_in": n_in})
         self._what = f"matmul {type_name(self.type)}"  # for errors; built once, not per call
 
     def __call__(self, x: np.ndarray, n_threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
@@ -302,8 +319,8 @@ class WeightMatrix:
         if n_threads is not None and n_threads < 1:
             raise KernelError(f"n_threads must be at least 1, not {n_threads}")
         if x.shape[0] and self.n_out:
-            _check(lib.pyllm_matmul(self.type, self.ptr, self.n_out, self.n_in, ffi.from_buffer("float[]", x),
-                                    x.shape[0], ffi.from_buffer("float[]", out), n_threads or 0), self._what)
+            _check(lib.pyllm_matmul(self.c, ffi.from_buffer("float[]", x), x.shape[0], ffi.from_buffer("float[]", out),
+                                    n_threads or 0), self._what)
         return out
 
     def rows(self, ids: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The forward pass: a GGUF model's weights, its KV cache, and prefill/decode.
+"""The forward pass: a GGUF model's weights, its KV cache, and its two phases, prefill and decode.
 
 A transformer block (every family; the Family flags switch the optional parts):
 
@@ -10,7 +10,15 @@ a batch at once, attention per sequence over its cache. Every op computes each
 row alone, in a fixed order, so a token's logits do not depend on how the
 prompt was split into batches.
 
-All the layers of a batch run in one C call (csrc/block.c); Model._block_reference
+The phases (the C core tells them apart the same way, pyllm_phase_of: csrc/matmul/):
+
+    prefill(tokens, cache)   one sequence's prompt, in batches of cache.max_batch rows: compute-bound
+    decode([(token, cache)]) each sequence's next token, all in one batch: memory-bound, the weights read once
+    forward_batch(...)       the batch both are made of: sequences' rows side by side, each asking for the
+                             logits of all its rows, its last, or none (Logits); the engine mixes prefill
+                             chunks and decode steps in it
+
+All the layers of a batch run in one C call (csrc/model/block.c); Model._block_reference
 sequences the same C ops from Python, step by step, as the reference that call
 is tested against (Model(..., reference=True)).
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -94,24 +103,19 @@ class Weights:
         return info
 
     def tensor(self, name: str, matmul: bool = True) -> Tensor:
-        """A matrix. llama.cpp interleaves a Q4_0 matrix whose row count is a multiple of 8 (and reduces it in
-        that layout's order); the others it reduces like the other 32-element formats (Q4_0_LANES). A matrix
-        the matmuls read (`matmul`) is rebuilt, where it gains, into a copy in a faster layout with the same
-        bits, and its pages in the mapping released: Q4_1, Q8_0 and Q5_0 interleaved 16 rows at a time where the
-        CPU has those kernels (the decode steps' matmuls), Q5_0 otherwise regrouped (Q5_0_G8). The embedding reads its
-        rows from the matrix (Tensor.matrix.rows), whichever layout it has."""
+        """A matrix, in the layout the C core chooses for it (kernels.matrix_layout): where one gains, the matmuls
+        (`matmul`) read a copy rebuilt in a faster layout with the same bits (Q4_1, Q8_0, Q5_0 in 16-row tiles where
+        the CPU has those kernels, Q5_0 otherwise regrouped), its pages in the mapping released; a Q4_0 matrix whose
+        row count is not a multiple of 8 is reduced as llama.cpp reduces it. The kernels for that layout are chosen
+        here, once (Tensor.matrix). The embedding reads its rows from the matrix (Tensor.matrix.rows), whichever
+        layout it has."""
         info = self._info(name)
         raw = self._f.raw(name)
-        matmul_type, matrix = info.type, raw
-        interleaved = kernels.interleaved_type(info.type) if matmul and raw.shape[0] % 16 == 0 else None
-        if info.type == kernels.GGMLType.Q4_0 and raw.shape[0] % 8:
-            matmul_type = kernels.GGMLType.Q4_0_LANES
-        elif interleaved is not None:
-            matmul_type = interleaved
-            matrix = self._rebuilt(name, raw, lambda rows, out: kernels.interleave(rows, info.type, out))
-        elif info.type == kernels.GGMLType.Q5_0 and matmul:
-            matmul_type, matrix = kernels.GGMLType.Q5_0_G8, self._rebuilt(name, raw, kernels.group_q5_0)
-        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(matrix, matmul_type, info.shape[0]))
+        layout = kernels.matrix_layout(info.type, raw.shape[0], matmul)
+        matrix = raw
+        if kernels.traits(layout).repacked:
+            matrix = self._rebuilt(name, raw, lambda rows, out: kernels.repack(rows, info.type, layout, out))
+        return Tensor(raw, info.type, info.shape, kernels.WeightMatrix(matrix, layout, info.shape[0]))
 
     def _rebuilt(self, name: str, raw: np.ndarray, convert) -> np.ndarray:
         """convert(rows, out) over the matrix a slice of rows (a multiple of 16, ~16 MB) at a time into a new
@@ -133,6 +137,13 @@ class Weights:
         return self.vector(name) if name in self._f.tensors else None
 
 
+class Logits(StrEnum):
+    """Which logits a sequence's rows in a batch ask for (their values: the strings callers may pass instead)."""
+    ALL = "all"    # every row's, (n, n_vocab): scoring a prompt (perplexity), the reference tests
+    LAST = "last"  # the last row's, (n_vocab,): the next token, after a prefill or a decode step
+    NONE = "none"  # none: a prompt's earlier chunks, which only fill the cache
+
+
 @dataclass
 class _Segment:
     """One sequence's rows inside a batch."""
@@ -140,7 +151,13 @@ class _Segment:
     tokens: np.ndarray
     positions: np.ndarray   # (len(tokens),) int32
     cache: KVCache
-    mode: str               # which logits: "all" | "last" | "none"
+    logits: Logits
+
+    def wanted(self) -> range:
+        """The batch rows whose logits the segment asks for."""
+        if self.logits == Logits.ALL:
+            return range(self.rows.start, self.rows.stop)
+        return range(self.rows.stop - 1, self.rows.stop) if self.logits == Logits.LAST else range(0)
 
 
 class ContextFullError(ParamError):
@@ -164,9 +181,7 @@ class _CBlocks:
         for i, layer in enumerate(weights.layers):
             block = self.blocks[i]
             for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-                matrix = getattr(layer, name).matrix
-                setattr(block, name, {"type": matrix.type, "data": matrix.ptr, "n_out": matrix.n_out,
-                                      "n_in": matrix.n_in})
+                setattr(block, name, getattr(layer, name).matrix.c[0])  # with the kernels chosen at load
             for name in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
                          "post_ffw_norm"):
                 vector = getattr(layer, name)
@@ -175,7 +190,7 @@ class _CBlocks:
             block.rope_base, block.rope_scale = cfg.layer_rope(i)
             block.window = cfg.sliding_window if cfg.is_swa_layer(i) else 0
 
-    def forward(self, x: np.ndarray, segments: list[_Segment], n_threads: int | None) -> None:
+    def forward(self, x: np.ndarray, segments: list[_Segment], n_threads: int) -> None:
         """x (m, n_embd) float32, in place, through every layer."""
         segs = ffi.new("pyllm_segment[]", [
             {"row0": seg.rows.start, "n_rows": len(seg.tokens),
@@ -183,7 +198,7 @@ class _CBlocks:
             for seg in segments])
         kernels._check(lib.pyllm_blocks_forward(
             self.config, self.blocks, len(self.blocks), ffi.from_buffer("float[]", x), x.shape[0], segs, len(segments),
-            n_threads or 0), "transformer blocks")
+            n_threads), "transformer blocks")
 
 
 class Model:
@@ -193,7 +208,7 @@ class Model:
         self.file = f
         self.config = Config.from_gguf(f)
         self.weights = Weights(f, self.config)
-        self.n_threads = n_threads
+        self.n_threads = n_threads or kernels.physical_cores()  # counted once, here
         self.n_vocab = self.weights.output.shape[1]
         self.reference = reference
         self._c_blocks = _CBlocks(self.config, self.weights)
@@ -211,12 +226,14 @@ class Model:
             x *= np.float32(np.sqrt(self.config.n_embd))
         return x
 
-    def forward(self, tokens: list[int] | np.ndarray, cache: KVCache, logits: str = "last") -> np.ndarray:
-        """Run one sequence's tokens (continuing its cache) and return logits.
+    def prefill(self, tokens: Sequence[int] | np.ndarray, cache: KVCache, logits: Logits | str = Logits.LAST
+                ) -> np.ndarray:
+        """Run one sequence's tokens (a prompt, continuing its cache) and return logits.
 
-        logits: "last" -> (n_vocab,) for the last token; "all" -> (len(tokens), n_vocab).
+        logits: Logits.LAST -> (n_vocab,) for the last token; Logits.ALL -> (len(tokens), n_vocab).
         Longer inputs run in batches of cache.max_batch rows; results do not depend on it.
         """
+        logits = Logits(logits)
         tokens = np.asarray(tokens, dtype=np.int64)
         if len(tokens) == 0:
             raise ValueError("no tokens to evaluate")
@@ -226,45 +243,29 @@ class Model:
         for start in range(0, len(tokens), cache.max_batch):
             chunk = tokens[start:start + cache.max_batch]
             is_last = start + len(chunk) == len(tokens)
-            mode = logits if logits == "all" or is_last else "none"
-            outs.append(self.forward_batch([(chunk, cache, mode)])[0])
-        return np.concatenate(outs) if logits == "all" else outs[-1]
+            wanted = logits if logits == Logits.ALL or is_last else Logits.NONE
+            outs.append(self.forward_batch([(chunk, cache, wanted)])[0])
+        return np.concatenate(outs) if logits == Logits.ALL else outs[-1]
 
-    def forward_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache, str]]) -> list[np.ndarray | None]:
+    # The name the callers of one sequence's tokens (pyllm.llama, perplexity, the tests) have long used.
+    forward = prefill
+
+    def decode(self, steps: Sequence[tuple[int, KVCache]]) -> np.ndarray:
+        """One decode step: each sequence's next token (continuing its own cache), all in one batch.
+        Returns (len(steps), n_vocab) logits, each row bit-identical to its sequence run alone."""
+        results = self.forward_batch([([token], cache, Logits.LAST) for token, cache in steps])
+        return np.stack(results)  # type: ignore[arg-type]
+
+    def forward_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache, Logits | str]]) -> list[np.ndarray | None]:
         """One forward pass over the rows of several sequences, each continuing its own cache.
 
-        seqs: (tokens, cache, logits) per sequence, logits "all" | "last" | "none", at most
+        seqs: (tokens, cache, logits) per sequence, logits a Logits (or its value "all" | "last" | "none"), at most
         cache.max_batch tokens each. Matmuls run once over all rows; attention per sequence.
         Each sequence's logits are bit-identical to running it alone.
         """
-        segments = []
-        row = 0
-        for tokens, cache, mode in seqs:
-            tokens = np.asarray(tokens, dtype=np.int64)
-            n = len(tokens)
-            if n == 0:
-                raise ValueError("no tokens to evaluate")
-            if n > cache.max_batch:
-                raise ValueError(f"{n} rows exceed the cache's batch limit of {cache.max_batch}")
-            if cache.n_used + n > cache.n_ctx:
-                raise ContextFullError(f"{cache.n_used} + {n} tokens exceed the context of {cache.n_ctx}")
-            if mode not in ("all", "last", "none"):
-                raise ValueError(f"logits must be 'all', 'last' or 'none', not {mode!r}")
-            positions = np.arange(cache.n_used, cache.n_used + n, dtype=np.int32)
-            segments.append(_Segment(slice(row, row + n), tokens, positions, cache, mode))
-            row += n
-        if len({id(seg.cache) for seg in segments}) != len(segments):
-            raise ValueError("a batch holds each sequence (cache) at most once")
+        segments = self._segments(seqs)
         all_tokens = np.concatenate([seg.tokens for seg in segments])
-        n_vocab_in = self.weights.token_embd.shape[1]
-        if len(all_tokens) <= 64:  # a decode batch's few ids as ints: two numpy reductions cost more
-            ids = all_tokens.tolist()
-            low, high = min(ids), max(ids)
-        else:
-            low, high = int(all_tokens.min()), int(all_tokens.max())
-        if low < 0 or high >= n_vocab_in:
-            raise ValueError(f"token id out of range [0, {n_vocab_in})")
-
+        self._check_ids(all_tokens)
         x = self.embed(all_tokens)
         if self.reference:
             positions = np.concatenate([seg.positions for seg in segments])
@@ -274,21 +275,57 @@ class Model:
             self._c_blocks.forward(x, segments, self.n_threads)
         for seg in segments:
             seg.cache.n_used += len(seg.tokens)
+        return self._logits(x, segments)
 
-        wanted = [range(seg.rows.start, seg.rows.stop) if seg.mode == "all" else
-                  range(seg.rows.stop - 1, seg.rows.stop) if seg.mode == "last" else range(0)
-                  for seg in segments]
+    def _segments(self, seqs: Sequence[tuple[Sequence[int], KVCache, Logits | str]]) -> list[_Segment]:
+        """The batch's sequences as segments of its rows, each checked against its cache."""
+        segments = []
+        row = 0
+        for tokens, cache, logits in seqs:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            n = len(tokens)
+            if n == 0:
+                raise ValueError("no tokens to evaluate")
+            if n > cache.max_batch:
+                raise ValueError(f"{n} rows exceed the cache's batch limit of {cache.max_batch}")
+            if cache.n_used + n > cache.n_ctx:
+                raise ContextFullError(f"{cache.n_used} + {n} tokens exceed the context of {cache.n_ctx}")
+            try:
+                wanted = Logits(logits)
+            except ValueError:
+                raise ValueError(f"logits must be 'all', 'last' or 'none', not {logits!r}") from None
+            positions = np.arange(cache.n_used, cache.n_used + n, dtype=np.int32)
+            segments.append(_Segment(slice(row, row + n), tokens, positions, cache, wanted))
+            row += n
+        if len({id(seg.cache) for seg in segments}) != len(segments):
+            raise ValueError("a batch holds each sequence (cache) at most once")
+        return segments
+
+    def _check_ids(self, tokens: np.ndarray) -> None:
+        n_vocab_in = self.weights.token_embd.shape[1]
+        if len(tokens) <= 64:  # a decode batch's few ids as ints: two numpy reductions cost more
+            ids = tokens.tolist()
+            low, high = min(ids), max(ids)
+        else:
+            low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= n_vocab_in:
+            raise ValueError(f"token id out of range [0, {n_vocab_in})")
+
+    def _logits(self, x: np.ndarray, segments: list[_Segment]) -> list[np.ndarray | None]:
+        """The output norm and matrix over just the rows whose logits are asked for, handed back per segment."""
+        wanted = [seg.wanted() for seg in segments]
         picked = [row for rows in wanted for row in rows]
         results: list[np.ndarray | None] = [None] * len(segments)
-        if picked:
-            h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
-            out = self._matmul(self.weights.output, h)
-            start = 0
-            for j, (seg, rows) in enumerate(zip(segments, wanted, strict=True)):
-                if seg.mode != "none":
-                    part = out[start:start + len(rows)]
-                    results[j] = part if seg.mode == "all" else part[0]
-                    start += len(rows)
+        if not picked:
+            return results
+        h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
+        out = self._matmul(self.weights.output, h)
+        start = 0
+        for j, (seg, rows) in enumerate(zip(segments, wanted, strict=True)):
+            if seg.logits != Logits.NONE:
+                part = out[start:start + len(rows)]
+                results[j] = part if seg.logits == Logits.ALL else part[0]
+                start += len(rows)
         return results
 
     def _block_reference(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray,

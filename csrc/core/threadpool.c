@@ -1,5 +1,6 @@
 /*
- * threadpool.c - a thread pool that spins briefly, then sleeps.
+ * threadpool.c - a thread pool that spins briefly, then sleeps; and the default team size, the machine's physical
+ * cores, counted once.
  *
  * The caller publishes a task under a new generation number; workers watch
  * the generation, spinning for a short while after each task (decode runs
@@ -9,6 +10,8 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include "pyllm.h"
 #include "core/threadpool.h"
@@ -20,10 +23,9 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* About 1.4 ms of pause instructions (27 ns each on the Zen 4 we measure on): longer than the Python between a
- * decode step's tasks (sampling, building the next batch: 0.2-0.5 ms), so a worker is awake for the next step
- * instead of sleeping through every gap. Servers alternated, SmolLM2, 2 threads: 4 streaming clients 537 -> 590
- * tok/s, 1 client 235 -> 239 (2000 spins, about 55 us: every step paid a futex wake-up). */
+/* About 1.4 ms of pause instructions: longer than the Python between a decode step's tasks (sampling, building the
+ * next batch: 0.2-0.5 ms), so a worker is awake for the next step instead of sleeping through every gap
+ * (bench/README.md). */
 #define SPIN_LIMIT 50000
 
 static struct {
@@ -137,4 +139,41 @@ int pyllm_pool_run(int nth, pool_task_fn fn, void *ctx) {
     }
     pthread_mutex_unlock(&pool.run_lock);
     return PYLLM_OK;
+}
+
+/* Distinct (physical id, core id) pairs of /proc/cpuinfo; the online CPUs where it cannot say. */
+static int count_physical_cores(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int fallback = online > 0 ? (int)online : 1;
+    if (f == NULL) return fallback;
+    char line[256];
+    int physical = 0, seen = 0;
+    int pairs[1024][2];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int value;
+        if (sscanf(line, "physical id : %d", &value) == 1) {
+            physical = value;
+        } else if (sscanf(line, "core id : %d", &value) == 1) {
+            int known = 0;
+            for (int i = 0; i < seen; ++i) known |= pairs[i][0] == physical && pairs[i][1] == value;
+            if (!known && seen < 1024) {
+                pairs[seen][0] = physical;
+                pairs[seen][1] = value;
+                seen++;
+            }
+        }
+    }
+    fclose(f);
+    return seen > 0 && seen <= fallback ? seen : fallback;
+}
+
+static int physical_cores;
+static pthread_once_t physical_cores_once = PTHREAD_ONCE_INIT;
+
+static void count_once(void) { physical_cores = count_physical_cores(); }
+
+int pyllm_physical_cores(void) {
+    pthread_once(&physical_cores_once, count_once);
+    return physical_cores;
 }

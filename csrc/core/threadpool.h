@@ -1,6 +1,7 @@
 /*
  * threadpool.h - one persistent pool of worker threads for the whole process.
- * Workers are started on first need and reused by every later call.
+ * Workers are started on first need and reused by every later call. A call's
+ * n_threads <= 0 means pyllm_physical_cores() (pyllm.h), counted once.
  */
 #ifndef PYLLM_THREADPOOL_H
 #define PYLLM_THREADPOOL_H

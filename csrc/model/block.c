@@ -8,15 +8,12 @@
  *   x += post_attn_norm(attn Wo)
  *   h = rms_norm(x); x += post_ffw_norm(act(h Wgate, h Wup) Wdown)
  */
-#include <stdlib.h>
-
-#include "matmul/matmul.h"
-#include "pyllm.h"
 #include "core/scratch.h"
 #include "core/threadpool.h"
+#include "matmul/matmul.h"
 
-/* The layers' rope settings (llama-style models have one, gemma3 a second for its sliding-window layers):
- * each one's angles for the batch's rows (m * n_rot), made once. */
+/* The layers' rope settings (llama-style models have one, gemma3 a second for its sliding-window layers): each
+ * one's angles for the batch's rows (m * n_rot), made once a call (block_scratch_make). */
 typedef struct {
     float base, scale;
     float *angles;
@@ -27,25 +24,35 @@ typedef struct {
     float *q, *k, *v, *attn;
     float *gate, *up;             /* over q .. attn (dead during the FFN); the activation goes into gate */
     pyllm_attention_call *calls;  /* one per segment */
-    rope_setting *rope;           /* room for one per layer */
+    rope_setting *rope;           /* the distinct settings of the layers, n_rope of them */
     int n_rope;
 } block_scratch;
 
-/* The batch's rotation angles for layer b's rope setting (each sequence's rows at their positions), computed
- * the first time a layer uses it; NULL when out of memory. */
-static const float *rope_angles(block_scratch *s, const pyllm_block *b, const pyllm_segment *segments,
-                                int n_segments, int64_t m, int64_t n_rot) {
-    for (int i = 0; i < s->n_rope; ++i) {
+/* Whether layer i is the first with its rope setting. */
+static int first_of_setting(const pyllm_block *blocks, int i) {
+    for (int j = 0; j < i; ++j) {
+        if (blocks[j].rope_base == blocks[i].rope_base && blocks[j].rope_scale == blocks[i].rope_scale) return 0;
+    }
+    return 1;
+}
+
+/* The layers' distinct rope settings into rope (NULL: only count them), their angles not yet placed; how many. */
+static int rope_settings(const pyllm_block *blocks, int n_layer, rope_setting *rope) {
+    int n = 0;
+    for (int i = 0; i < n_layer; ++i) {
+        if (!first_of_setting(blocks, i)) continue;
+        if (rope != NULL) rope[n] = (rope_setting){blocks[i].rope_base, blocks[i].rope_scale, NULL};
+        n++;
+    }
+    return n;
+}
+
+/* Layer b's rope angles (rope_settings made them all). */
+static const float *rope_angles(const block_scratch *s, const pyllm_block *b) {
+    for (int i = 0; i < s->n_rope - 1; ++i) {
         if (s->rope[i].base == b->rope_base && s->rope[i].scale == b->rope_scale) return s->rope[i].angles;
     }
-    float *angles = malloc((size_t)(m * n_rot) * sizeof(float));
-    if (angles == NULL) return NULL;
-    for (int si = 0; si < n_segments; ++si) {
-        pyllm_rope_angles(segments[si].positions, segments[si].n_rows, n_rot, b->rope_base, b->rope_scale,
-                          angles + segments[si].row0 * n_rot);
-    }
-    s->rope[s->n_rope++] = (rope_setting){b->rope_base, b->rope_scale, angles};
-    return angles;
+    return s->rope[s->n_rope - 1].angles;
 }
 
 /* The row-wise steps, split by rows across the pool's threads (each row's arithmetic is the op's own). */
@@ -84,9 +91,8 @@ static void row_step_task(void *arg, int ith, int nth) {
     }
 }
 
-/* Steps of fewer floats than this run on the calling thread: handing them out costs more than they do (a
- * decode row's norms, adds and rope). Four rows of SmolLM2's activation (4 x 1536) are worth splitting: steps
- * alternated at 2 threads, 4 rows -1.0-1.4% against 16384 (8192: no change; 2048, which splits the norms: +1.5%). */
+/* Steps of fewer floats than this run on the calling thread: handing them out costs more than they do (a decode
+ * row's norms, adds and rope; bench/README.md). */
 #define ROWS_ALONE_FLOATS 4096
 
 static int run_rows(row_step step, int n_threads) {
@@ -110,24 +116,20 @@ static int rope_rows(const pyllm_block_config *cfg, const float *cos_sin, float 
                                .cfg = cfg}, n_threads);
 }
 
-static int matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads) {
-    return pyllm_matmul(w->type, w->data, w->n_out, w->n_in, x, m, y, n_threads);
-}
-
-/* Two or three weights on one input (q, k, v; gate, up): in one call where they share a type (the input
+/* Two or three weights on one input (q, k, v; gate, up): in one call where they share a kernel set (the input
  * converted and laid out once), one by one otherwise. */
 static int matmul_shared(const pyllm_weight *const *w, float *const *y, int count, const float *x, int64_t m,
                          int n_threads) {
     int same = 1;
-    for (int i = 1; i < count; ++i) same &= w[i]->type == w[0]->type;
+    for (int i = 1; i < count; ++i) same &= w[i]->kernels == w[0]->kernels;
     if (!same) {
         int status = PYLLM_OK;
-        for (int i = 0; i < count && status == PYLLM_OK; ++i) status = matmul(w[i], x, m, y[i], n_threads);
+        for (int i = 0; i < count && status == PYLLM_OK; ++i) status = pyllm_matmul(w[i], x, m, y[i], n_threads);
         return status;
     }
-    pyllm_matrix matrices[3];
-    for (int i = 0; i < count; ++i) matrices[i] = (pyllm_matrix){w[i]->data, w[i]->n_out, y[i]};
-    return pyllm_matmul_many(w[0]->type, matrices, count, w[0]->n_in, x, m, n_threads);
+    matmul_weight weights[3];
+    for (int i = 0; i < count; ++i) weights[i] = (matmul_weight){w[i]->data, w[i]->n_out, y[i]};
+    return matmul_many(w[0]->kernels, weights, count, w[0]->n_in, x, m, n_threads);
 }
 
 static void add_rows(float *x, const float *bias, int64_t m, int64_t n) {
@@ -156,8 +158,7 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     if (b->k_norm.data && status == PYLLM_OK) {
         status = rms_norm_rows(s->k, b->k_norm.data, s->k, m * cfg->n_head_kv, cfg->head_dim, cfg->norm_eps, n_threads);
     }
-    const float *cos_sin = rope_angles(s, b, segments, n_segments, m, cfg->n_rot);
-    if (cos_sin == NULL) return PYLLM_ERR_NOMEM;
+    const float *cos_sin = rope_angles(s, b);
     if (status == PYLLM_OK) status = rope_rows(cfg, cos_sin, s->q, m, cfg->n_head, n_threads);
     if (status == PYLLM_OK) status = rope_rows(cfg, cos_sin, s->k, m, cfg->n_head_kv, n_threads);
     if (status != PYLLM_OK) return status;
@@ -179,17 +180,16 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     status = pyllm_attention_batch(s->calls, n_segments, cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale,
                                    b->window, 0.0f, n_threads);  /* all sequences' attention in one task */
     if (status != PYLLM_OK) return status;
-    status = matmul(&b->wo, s->attn, m, s->h, n_threads);  /* h is free again: the output goes there */
+    status = pyllm_matmul(&b->wo, s->attn, m, s->h, n_threads);  /* h is free again: the output goes there */
     if (status != PYLLM_OK) return status;
     if (b->post_attn_norm.data) status = rms_norm_rows(s->h, b->post_attn_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
     return status == PYLLM_OK ? add_into(x, s->h, m, cfg->n_embd, n_threads) : status;
 }
 
-/* The FFN runs over at most this many rows at a time: its two n_ff-wide intermediates are the widest
- * scratch of a prompt (SmolLM2: 6 MiB for 512 rows), and every step of it is row by row. They lie over the
- * attention's q, k, v and output, which are dead by then (SmolLM2, Gemma: no memory of their own at 256 rows).
- * Each matmul over a chunk unpacks its weights once (the panel path), so fewer chunks unpack less: Qwen's
- * prompt at two threads +17% from 64 rows to 256. */
+/* A prefill's FFN runs over at most this many rows at a time: its two n_ff-wide intermediates are the widest scratch
+ * of a prompt, and every step of it is row by row; they lie over the attention's q, k, v and output, dead by then.
+ * Each matmul over a chunk unpacks its weights once (the panel path), so fewer, larger chunks unpack less
+ * (bench/README.md). */
 #define FFN_CHUNK_ROWS 256
 
 static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_scratch *s, float *x, int64_t m,
@@ -205,7 +205,7 @@ static int ffn_block(const pyllm_block_config *cfg, const pyllm_block *b, block_
             status = run_rows((row_step){.kind = cfg->activation == 0 ? STEP_SWIGLU : STEP_GEGLU, .rows = rows,
                                          .width = cfg->n_ff, .a = s->gate, .b = s->up, .y = s->gate}, n_threads);
         }
-        if (status == PYLLM_OK) status = matmul(&b->w_down, s->gate, rows, h, n_threads);
+        if (status == PYLLM_OK) status = pyllm_matmul(&b->w_down, s->gate, rows, h, n_threads);
     }
     if (status == PYLLM_OK && b->post_ffw_norm.data) {
         status = rms_norm_rows(s->h, b->post_ffw_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
@@ -224,68 +224,93 @@ static int vector_fits(pyllm_vector v, int64_t n) {
     return v.data == NULL || v.n == n;
 }
 
+static int weight_fits(pyllm_weight w, int64_t n_out, int64_t n_in) {
+    return w.kernels != NULL && w.n_out == n_out && w.n_in == n_in;
+}
+
 static int shapes_agree(const pyllm_block_config *cfg, const pyllm_block *b) {
     const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
-    return b->wq.n_in == cfg->n_embd && b->wq.n_out == q_row && b->wk.n_in == cfg->n_embd && b->wk.n_out == kv_row &&
-           b->wv.n_in == cfg->n_embd && b->wv.n_out == kv_row && b->wo.n_in == q_row && b->wo.n_out == cfg->n_embd &&
-           b->w_gate.n_in == cfg->n_embd && b->w_gate.n_out == cfg->n_ff && b->w_up.n_in == cfg->n_embd &&
-           b->w_up.n_out == cfg->n_ff && b->w_down.n_in == cfg->n_ff && b->w_down.n_out == cfg->n_embd &&
+    return weight_fits(b->wq, q_row, cfg->n_embd) && weight_fits(b->wk, kv_row, cfg->n_embd) &&
+           weight_fits(b->wv, kv_row, cfg->n_embd) && weight_fits(b->wo, cfg->n_embd, q_row) &&
+           weight_fits(b->w_gate, cfg->n_ff, cfg->n_embd) && weight_fits(b->w_up, cfg->n_ff, cfg->n_embd) &&
+           weight_fits(b->w_down, cfg->n_embd, cfg->n_ff) &&
            vector_fits(b->attn_norm, cfg->n_embd) && vector_fits(b->ffn_norm, cfg->n_embd) &&
            vector_fits(b->bq, q_row) && vector_fits(b->bk, kv_row) && vector_fits(b->bv, kv_row) &&
            vector_fits(b->q_norm, cfg->head_dim) && vector_fits(b->k_norm, cfg->head_dim) &&
            vector_fits(b->post_attn_norm, cfg->n_embd) && vector_fits(b->post_ffw_norm, cfg->n_embd);
 }
 
-int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
-                         const pyllm_segment *segments, int n_segments, int n_threads) {
-    if (m <= 0 || n_layer < 0 || n_segments <= 0 || !config_valid(cfg)) return PYLLM_ERR_SHAPE;
+/* The segments cover the batch's m rows in order, their positions ascend from 0 or more, and each sequence fits its
+ * caches: nothing runs otherwise. */
+static int segments_fit(const pyllm_block_config *cfg, int n_layer, int64_t m, const pyllm_segment *segments,
+                        int n_segments) {
     const int64_t kv_row = cfg->n_head_kv * cfg->head_dim;
     int64_t rows = 0;
-    for (int si = 0; si < n_segments; ++si) {  /* nothing runs unless every sequence fits its caches */
+    for (int si = 0; si < n_segments; ++si) {
         const pyllm_segment *seg = &segments[si];
-        if (seg->row0 != rows || seg->n_rows <= 0 || rows + seg->n_rows > m) return PYLLM_ERR_SHAPE;
-        for (int64_t r = 0; r < seg->n_rows; ++r) {  /* ascending from 0 or more */
-            if (seg->positions[r] < 0 || (r > 0 && seg->positions[r] <= seg->positions[r - 1])) return PYLLM_ERR_SHAPE;
+        if (seg->row0 != rows || seg->n_rows <= 0 || rows + seg->n_rows > m) return 0;
+        for (int64_t r = 0; r < seg->n_rows; ++r) {
+            if (seg->positions[r] < 0 || (r > 0 && seg->positions[r] <= seg->positions[r - 1])) return 0;
         }
         for (int i = 0; i < n_layer; ++i) {
             const pyllm_kv_layer *kv = seg->kv[i];
-            if (kv == NULL || kv->k_row != kv_row || kv->v_row != kv_row) return PYLLM_ERR_SHAPE;
-            if (!kv->ring && seg->positions[seg->n_rows - 1] >= kv->capacity) return PYLLM_ERR_SHAPE;
+            if (kv == NULL || kv->k_row != kv_row || kv->v_row != kv_row) return 0;
+            if (!kv->ring && seg->positions[seg->n_rows - 1] >= kv->capacity) return 0;
         }
         rows += seg->n_rows;
     }
-    if (rows != m) return PYLLM_ERR_SHAPE;
+    return rows == m;
+}
+
+/* One buffer for a call (the calling thread's, kept: core/scratch.h): h (m, n_embd); then either q, k, v, attn
+ * (m, q_row + 2 kv_row + q_row) or gate and up (ffn_rows, n_ff each); the rope angles (n_rope, m, n_rot); the
+ * attention calls (n_segments) and the rope settings (n_rope). The angles are computed here, each setting's once. */
+static int block_scratch_make(block_scratch *s, const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer,
+                              int64_t m, const pyllm_segment *segments, int n_segments) {
+    const int64_t q_row = cfg->n_head * cfg->head_dim, kv_row = cfg->n_head_kv * cfg->head_dim;
+    const int64_t ffn_rows = m < FFN_CHUNK_ROWS ? m : FFN_CHUNK_ROWS;
+    const int64_t attention_floats = m * (2 * q_row + 2 * kv_row), ffn_floats = 2 * ffn_rows * cfg->n_ff;
+    const int64_t work_floats = m * cfg->n_embd + (attention_floats > ffn_floats ? attention_floats : ffn_floats);
+    const int n_rope = rope_settings(blocks, n_layer, NULL);
+    const size_t float_bytes = (size_t)(work_floats + n_rope * m * cfg->n_rot) * sizeof(float);
+    const size_t bytes = (float_bytes + 63) / 64 * 64 + (size_t)n_segments * sizeof(pyllm_attention_call) +
+                         (size_t)n_rope * sizeof(rope_setting);
+    float *buffer = pyllm_scratch(SCRATCH_BLOCKS, bytes);
+    if (buffer == NULL) return PYLLM_ERR_NOMEM;
+    s->h = buffer;
+    s->q = s->h + m * cfg->n_embd;
+    s->k = s->q + m * q_row;
+    s->v = s->k + m * kv_row;
+    s->attn = s->v + m * kv_row;
+    s->gate = s->q;
+    s->up = s->gate + ffn_rows * cfg->n_ff;
+    s->calls = (pyllm_attention_call *)((uint8_t *)buffer + (float_bytes + 63) / 64 * 64);
+    s->rope = (rope_setting *)(s->calls + n_segments);
+    s->n_rope = rope_settings(blocks, n_layer, s->rope);
+    for (int i = 0; i < s->n_rope; ++i) {
+        s->rope[i].angles = buffer + work_floats + i * m * cfg->n_rot;
+        for (int si = 0; si < n_segments; ++si) {
+            pyllm_rope_angles(segments[si].positions, segments[si].n_rows, cfg->n_rot, s->rope[i].base,
+                              s->rope[i].scale, s->rope[i].angles + segments[si].row0 * cfg->n_rot);
+        }
+    }
+    return PYLLM_OK;
+}
+
+int pyllm_blocks_forward(const pyllm_block_config *cfg, const pyllm_block *blocks, int n_layer, float *x, int64_t m,
+                         const pyllm_segment *segments, int n_segments, int n_threads) {
+    if (m <= 0 || n_layer < 0 || n_segments <= 0 || !config_valid(cfg)) return PYLLM_ERR_SHAPE;
+    if (!segments_fit(cfg, n_layer, m, segments, n_segments)) return PYLLM_ERR_SHAPE;
     if (n_threads <= 0) n_threads = pyllm_physical_cores();
     if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
     for (int i = 0; i < n_layer; ++i) {
         if (!shapes_agree(cfg, &blocks[i])) return PYLLM_ERR_SHAPE;
     }
-    const int64_t q_row = cfg->n_head * cfg->head_dim;
-    const int64_t ffn_rows = m < FFN_CHUNK_ROWS ? m : FFN_CHUNK_ROWS;
-    /* h (m, n_embd), then either q, k, v, attn (m, q_row + 2 kv_row + q_row) or gate and up (ffn_rows, n_ff each) */
-    const int64_t attention_floats = m * (2 * q_row + 2 * kv_row), ffn_floats = 2 * ffn_rows * cfg->n_ff;
-    const size_t buffer_bytes = (size_t)(m * cfg->n_embd + (attention_floats > ffn_floats ? attention_floats : ffn_floats))
-                                * sizeof(float);
-    float *buffer = pyllm_scratch(SCRATCH_BLOCKS, buffer_bytes);
-    if (buffer == NULL) return PYLLM_ERR_NOMEM;
     block_scratch s;
-    s.h = buffer;
-    s.q = s.h + m * cfg->n_embd;
-    s.k = s.q + m * q_row;
-    s.v = s.k + m * kv_row;
-    s.attn = s.v + m * kv_row;
-    s.gate = s.q;
-    s.up = s.gate + ffn_rows * cfg->n_ff;
-    s.calls = malloc((size_t)n_segments * sizeof(pyllm_attention_call));
-    s.rope = malloc((size_t)(n_layer > 0 ? n_layer : 1) * sizeof(rope_setting));
-    s.n_rope = 0;
-    int status = s.calls == NULL || s.rope == NULL ? PYLLM_ERR_NOMEM : PYLLM_OK;
+    int status = block_scratch_make(&s, cfg, blocks, n_layer, m, segments, n_segments);
     for (int i = 0; i < n_layer && status == PYLLM_OK; ++i) {
         status = attention_block(cfg, &blocks[i], i, &s, x, m, segments, n_segments, n_threads);
         if (status == PYLLM_OK) status = ffn_block(cfg, &blocks[i], &s, x, m, n_threads);
     }
-    for (int i = 0; i < s.n_rope; ++i) free(s.rope[i].angles);
-    free(s.rope);
-    free(s.calls);
     return status;
 }

@@ -11,9 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pyllm.h"
-#include "backend/dispatch.h"
-#include "formats/quants.h"
+#include "backend/kernel_set.h"
 
 static int64_t slot_of(const pyllm_kv_layer *layer, int32_t pos) {
     return layer->ring ? pos % layer->capacity : pos;
@@ -23,7 +21,7 @@ int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float 
     for (int64_t r = 0; r < m; ++r) {
         if (pos[r] < 0 || (!layer->ring && pos[r] >= layer->capacity)) return PYLLM_ERR_SHAPE;
     }
-    const op_kernels *kernels = pyllm_op_kernels(pyllm_active_tier());
+    const op_kernels *kernels = active_ops()->ops;
     for (int64_t r = 0; r < m; ++r) {
         const int64_t slot = slot_of(layer, pos[r]);
         kernels->to_half(k + r * layer->k_row, layer->k + slot * layer->k_row, layer->k_row);

@@ -1,17 +1,13 @@
 /*
- * ops.c - the non-matmul steps of a transformer forward pass, each computing
- * every output row in one fixed order, independent of how many rows a call
- * holds (so batching never changes a result).
+ * ops.c - the row-wise steps of a transformer forward pass (rms_norm, rope, the gated activations), each computing
+ * every output row in one fixed order, independent of how many rows a call holds (so batching never changes a
+ * result), on the active tier's op kernels. Attention is attention.c.
  */
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
-#include "backend/dispatch.h"
-#include "formats/quants.h"
-#include "core/scratch.h"
-#include "core/threadpool.h"
+#include "backend/kernel_set.h"
 
 /* as llama.cpp: float squares summed in double in index order, a float mean, 1 / sqrtf */
 static float rms_scale(double sum, int64_t n, float eps) {
@@ -23,7 +19,7 @@ static float rms_scale(double sum, int64_t n, float eps) {
  * their sums (each one chain, in order) overlap instead of waiting on each addition. */
 void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps) {
     void (*const scale_row)(const float *, const float *, float *, int64_t, float) =
-        pyllm_op_kernels(pyllm_active_tier())->scale_row;
+        active_ops()->ops->scale_row;
     int64_t r = 0;
     for (; r + 4 <= m; r += 4) {
         const float *x0 = x + r * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
@@ -64,7 +60,7 @@ void pyllm_rope_angles(const int32_t *pos, int64_t m, int64_t n_rot, float freq_
  * each head; normal style pairs (2i, 2i+1), neox style (i, i + n_rot / 2)): op_kernels' rope_head. */
 void pyllm_rope_rotate(float *x, const float *cos_sin, int64_t m, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                        int neox) {
-    const op_kernels *kernels = pyllm_op_kernels(pyllm_active_tier());
+    const op_kernels *kernels = active_ops()->ops;
     for (int64_t r = 0; r < m; ++r) {
         for (int64_t h = 0; h < n_heads; ++h) kernels->rope_head(x + (r * n_heads + h) * head_dim, cos_sin + r * n_rot, n_rot, neox);
     }
@@ -91,7 +87,7 @@ int pyllm_rope(float *x, const int32_t *pos, int64_t m, int64_t n_heads, int64_t
 /* y[m, n] = silu(gate) * up, as llama.cpp: its vector silu x / (1 + exp_ggml(0 - x)) on each
  * whole group of 8 of a row, libm's expf on the rest */
 void pyllm_swiglu(const float *gate, const float *up, float *y, int64_t m, int64_t n) {
-    const op_kernels *kernels = pyllm_op_kernels(pyllm_active_tier());
+    const op_kernels *kernels = active_ops()->ops;
     for (int64_t r = 0; r < m; ++r) kernels->swiglu(gate + r * n, up + r * n, y + r * n, n);
 }
 
@@ -115,383 +111,5 @@ static void fill_gelu_half(void) {
  * lookup); gates beyond +-10 give 0 and gate * up. */
 void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
     pthread_once(&gelu_half_once, fill_gelu_half);
-    pyllm_op_kernels(pyllm_active_tier())->geglu(gelu_half, gate, up, y, n);
-}
-
-typedef struct {
-    const float *q;            /* (m, n_head, d) */
-    const fp16_t *k, *v;       /* (n_kv, n_head_kv, d), half precision like llama.cpp's cache */
-    const int32_t *qpos;       /* (m,) */
-    const int32_t *kpos;       /* (n_kv,) */
-    int64_t m, n_kv, n_head, n_head_kv, d;
-    float scale, softcap;
-    int32_t window;            /* 0: no sliding window */
-    float *out;                /* (m, n_head, d) */
-    const op_kernels *kernels;
-    const prompt_attention_kernels *prompt;  /* non-NULL: the rows go in blocks (attend_block) */
-    const head_group_kernels *group;         /* non-NULL: a row's heads of a kv head together (attend_heads) */
-    int64_t heads_per_item;                  /* rows alone: the heads of a kv head one item takes */
-} attention_job;
-
-static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
-
-static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
-    const int32_t kp = job->kpos[t];
-    return kp >= 0 && kp <= qp && (job->window <= 0 || qp - kp < job->window);
-}
-
-/* Bytes of a decode row's keys (and as many of its values) the threads read through before its heads' items: the
- * slots a full-attention row sees, all kv heads (one contiguous run); 0 for a windowed row or a prompt's blocks. */
-static int64_t read_ahead_bytes(const attention_job *job) {
-    return job->prompt == NULL && job->window <= 0 ? job->n_kv * job->n_head_kv * job->d * (int64_t)sizeof(fp16_t) : 0;
-}
-
-/* Bytes of keys (and as many of values) a decode row asks for ahead: a quarter of a 1 MiB L2 together. */
-#define PREFETCH_KV_BYTES (128 << 10)
-
-/* Asks for the first rows of `bytes` at base + t * stride (t < n, up to PREFETCH_KV_BYTES) into L2, all at once:
- * a windowed decode row's keys, then its values, are each a strided run of lines (one kv head's of every slot)
- * that the prefetchers do not follow, and a step's other weights have long since pushed them out of cache. (A
- * full-attention row's were read through first, read_ahead below: asking again gained nothing, SmolLM2 steps
- * alternated, 4 rows of 40-100 slots -0.6%, of 1000 slots -1.8%, 1 row +0.8%, a control +-1.8%.) */
-static void prefetch_rows(const fp16_t *base, int64_t stride, int64_t n, int64_t bytes) {
-#if defined(__GNUC__) || defined(__clang__)
-    if (n * bytes > PREFETCH_KV_BYTES) n = PREFETCH_KV_BYTES / bytes;
-    for (int64_t t = 0; t < n; ++t) {
-        const char *row = (const char *)(base + t * stride);
-        for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(row + line, 0, 2);
-    }
-#else
-    (void)base, (void)stride, (void)n, (void)bytes;
-#endif
-}
-
-/*
- * Query row r's heads h0 .. h0 + n_heads - 1, all of one kv head, in the arithmetic of llama.cpp's CPU attention
- * for a prompt batch (so a prompt's numbers are llama.cpp's), each head on its own: the query rounded to half
- * precision; q.k in 8 lanes (slot mod 8); scaled; softmax with exp_ggml, the exponentials summed in double by
- * groups of 8 slots, 1 / sum in double; the weights rounded to half precision; the weighted sum of the values in
- * 8 lanes by slot mod 8 (see op_kernels in quants.h). With head_group_kernels the heads read each key and value
- * once. scratch: attend_heads_floats.
- */
-static void attend_heads(const attention_job *job, int64_t r, int64_t h0, int64_t n_heads, float *scratch) {
-    const int64_t d = job->d, n_kv = job->n_kv, hk = h0 / (job->n_head / job->n_head_kv);
-    float *scores = scratch, *max = scores + n_heads * n_kv, *q = max + n_heads;  /* (n_heads, n_kv), (n_heads,), (n_heads, d) */
-    float *out = job->out + (r * job->n_head + h0) * d;  /* (n_heads, d) */
-    job->kernels->round_half(job->q + (r * job->n_head + h0) * d, q, n_heads * d);
-    for (int64_t h = 0; h < n_heads; ++h) max[h] = -INFINITY;
-    const int32_t qp = job->qpos[r];
-    const int64_t stride = job->n_head_kv * d;
-    const fp16_t *k = job->k + hk * d, *v = job->v + hk * d;
-    const head_group_kernels *group = job->group;
-    if (read_ahead_bytes(job) == 0) {
-        prefetch_rows(k, stride, n_kv, d * (int64_t)sizeof(fp16_t));
-        prefetch_rows(v, stride, n_kv, d * (int64_t)sizeof(fp16_t));
-    }
-    int64_t first = n_kv, last = -1;  /* the visible slots' span */
-    for (int64_t t = 0; t < n_kv;) {
-        if (!key_visible(job, t, qp)) {
-            for (int64_t h = 0; h < n_heads; ++h) scores[h * n_kv + t] = -INFINITY;
-            ++t;
-            continue;
-        }
-        int64_t end = t + 1;  /* a run of visible slots: their dot products in one call */
-        while (end < n_kv && key_visible(job, end, qp)) ++end;
-        first = t < first ? t : first;
-        last = end - 1;
-        if (group != NULL) {
-            group->dots_heads(q, n_heads, k + t * stride, stride, end - t, d, scores + t, n_kv);
-        } else {
-            for (int64_t h = 0; h < n_heads; ++h) job->kernels->dots(q + h * d, k + t * stride, stride, end - t, d, scores + h * n_kv + t);
-        }
-        const float scale = job->scale, softcap = job->softcap;
-        for (int64_t h = 0; h < n_heads; ++h) {
-            float *s = scores + h * n_kv, largest = max[h];
-            if (softcap > 0.0f) {
-                for (int64_t j = t; j < end; ++j) {
-                    s[j] = softcap * tanhf(s[j] * scale / softcap);
-                    largest = s[j] > largest ? s[j] : largest;
-                }
-            } else {
-                const float run_max = job->kernels->scale_max(s + t, end - t, scale);
-                largest = run_max > largest ? run_max : largest;
-            }
-            max[h] = largest;
-        }
-        t = end;
-    }
-    /* whole groups of 8 slots with no visible key add nothing (exp of a masked score is 0): the span from
-     * the group of the first visible slot to the last visible slot gives the same bits */
-    const int64_t begin = first / 8 * 8, span = last + 1 - begin;
-    int all_seen = 1;  /* every head has a largest score above -inf */
-    for (int64_t h = 0; h < n_heads; ++h) {
-        if (max[h] == -INFINITY) {  /* no visible key */
-            for (int64_t i = 0; i < d; ++i) out[h * d + i] = 0.0f;
-            all_seen = 0;
-            continue;
-        }
-        job->kernels->softmax_half(scores + h * n_kv + begin, span, max[h]);
-    }
-    if (group != NULL && all_seen) {
-        group->weighted_sum_heads(scores + begin, n_kv, n_heads, v + begin * stride, stride, span, d, out);
-        return;
-    }
-    for (int64_t h = 0; h < n_heads; ++h) {
-        if (max[h] == -INFINITY) continue;  /* zeroed above */
-        job->kernels->weighted_sum(scores + h * n_kv + begin, v + begin * stride, stride, span, d, out + h * d);
-    }
-}
-
-/* Floats of attend_heads' scratch for n_heads heads of a row: scores, maxima, the queries. */
-static int64_t attend_heads_floats(int64_t n_heads, int64_t n_kv, int64_t d) {
-    return round16(n_heads * (n_kv + 1 + d));
-}
-
-/* A prompt's queries go QUERY_BLOCK rows at a time against one kv head (attend_block) where the tier has
- * prompt kernels, the head size suits them and the keys and values converted to float stay under
- * BLOCK_KV_FLOATS each. */
-#define QUERY_BLOCK 16
-#define BLOCK_KV_FLOATS (1 << 21)
-
-/* One query row's visible slots among [t0, t1): the first and the last (last < first: none), searched from
- * both ends. */
-static void visible_span(const attention_job *job, int64_t r, int64_t t0, int64_t t1, int64_t *first, int64_t *last) {
-    const int32_t qp = job->qpos[r];
-    int64_t f = t0, l = t1 - 1;
-    while (f < t1 && !key_visible(job, f, qp)) ++f;
-    while (l >= f && !key_visible(job, l, qp)) --l;
-    *first = f, *last = l;
-}
-
-/* One (query row, head) of a block: its first and last visible slots (then the weighted sum's span). */
-typedef struct {
-    int64_t first, last;
-} pair_span;
-
-/* Floats of a block's spans, whole 64-byte lines (so kt after them stays aligned). */
-static int64_t span_floats(int64_t group) {
-    return round16(QUERY_BLOCK * group * (int64_t)(sizeof(pair_span) / sizeof(float)));
-}
-
-/* Query rows r0..r1 - 1 of every head of kv head hk, attend_heads' arithmetic step for step: the keys and values
- * of the slots any of the rows sees converted to float once (kt, vf); the dot products a 16-key block at a time
- * for every (row, head) pair, then each pair's scaling and softmax, then the weighted sums a 16-dimension chunk
- * at a time for every pair (so the block or chunk stays in L1 while the pairs read it). scratch: 64-byte
- * aligned, block_scratch_floats. */
-static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64_t r1, float *scratch) {
-    const int64_t d = job->d, stride = job->n_head_kv * d, group = job->n_head / job->n_head_kv;
-    const int64_t pairs = (r1 - r0) * group;  /* pair p: row r0 + p % rows, head hk * group + p / rows */
-    pair_span *spans = (pair_span *)scratch;  /* each row's, for every head */
-    int64_t first = job->n_kv, last = -1;
-    for (int64_t r = r0; r < r1; ++r) {
-        pair_span *span = &spans[r - r0];
-        visible_span(job, r, 0, job->n_kv, &span->first, &span->last);
-        if (span->last >= span->first) {
-            first = span->first < first ? span->first : first;
-            last = span->last > last ? span->last : last;
-        }
-    }
-    if (last < first) {  /* no row sees a key */
-        for (int64_t p = 0; p < pairs; ++p) {
-            float *out = job->out + ((r0 + p % (r1 - r0)) * job->n_head + hk * group + p / (r1 - r0)) * d;
-            for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
-        }
-        return;
-    }
-    const int64_t t0 = first / 16 * 16, n = last + 1 - t0, n16 = round16(n);
-    float *kt = scratch + span_floats(group), *vf = kt + d * n16, *qs = vf + round16(n * d), *scores = qs + pairs * d;
-    job->prompt->kv_to_float(job->k + t0 * stride + hk * d, job->v + t0 * stride + hk * d, stride, n, d, kt, vf);
-    for (int64_t p = 0; p < pairs; ++p) {
-        const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
-        if (p >= r1 - r0) spans[p] = spans[p % (r1 - r0)];  /* the row's, for every head */
-        job->kernels->round_half(job->q + (r * job->n_head + h) * d, qs + p * d, d);
-    }
-    for (int64_t b = 0; b < n16 / 16; ++b) {
-        for (int64_t p = 0; p < pairs; ++p) {
-            if (spans[p].last < spans[p].first || 16 * b > spans[p].last - t0 || 16 * b + 15 < spans[p].first - t0) continue;
-            job->prompt->dots_t(qs + p * d, kt + 16 * b * d, d, scores + p * n16 + 16 * b);
-        }
-    }
-    for (int64_t p = 0; p < pairs; ++p) {
-        const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
-        float *out = job->out + (r * job->n_head + h) * d, *s = scores + p * n16;
-        if (spans[p].last < spans[p].first) {  /* no visible key */
-            for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
-            continue;
-        }
-        const int64_t begin = spans[p].first / 8 * 8;  /* as attend_heads: from the group of the first visible slot */
-        float max = -INFINITY;
-        for (int64_t t = begin; t <= spans[p].last; ++t) {
-            float score = -INFINITY;
-            if (key_visible(job, t, job->qpos[r])) {
-                score = s[t - t0] * job->scale;
-                if (job->softcap > 0.0f) score = job->softcap * tanhf(score / job->softcap);
-                max = score > max ? score : max;
-            }
-            s[t - t0] = score;
-        }
-        job->kernels->softmax_half(s + (begin - t0), spans[p].last + 1 - begin, max);
-        spans[p].first = begin;  /* from here: the span the weighted sum runs over */
-    }
-    for (int64_t c = 0; c < d / 16; ++c) {
-        for (int64_t p = 0; p < pairs; ++p) {
-            if (spans[p].last < spans[p].first) continue;
-            const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0), begin = spans[p].first;
-            job->prompt->weighted_sum_f(scores + p * n16 + (begin - t0), vf + (c * n + begin - t0) * 16,
-                                        spans[p].last + 1 - begin, job->out + (r * job->n_head + h) * d + 16 * c);
-        }
-    }
-}
-
-/* Floats of attend_block's scratch for n_kv slots of d and group heads a kv head: the pairs' spans, kt, vf, the
- * pairs' queries and scores. */
-static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
-    const int64_t pairs = QUERY_BLOCK * group;
-    return span_floats(group) + d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv);
-}
-
-/* A row's items a kv head: its heads in runs of heads_per_item (the last run may be shorter). */
-static int64_t head_runs(const attention_job *job) {
-    return (job->n_head / job->n_head_kv + job->heads_per_item - 1) / job->heads_per_item;
-}
-
-/* A job's items: its (row, kv head, run of heads) triples, or with prompt kernels its (query block, kv head)
- * pairs. */
-static int64_t job_items(const attention_job *job) {
-    return job->prompt != NULL ? (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK * job->n_head_kv
-                               : job->m * job->n_head_kv * head_runs(job);
-}
-
-/* Several attention calls (a batch's sequences) in one task: their items numbered in order, a contiguous range of
- * them a thread (taken from the front; then the others' from the back, one by one). */
-typedef struct {
-    const attention_job *jobs;
-    int n_jobs;
-    float *scratch;            /* per thread: scratch_floats (attend_heads' or attend_block's) */
-    int64_t scratch_floats;
-    int64_t read_ahead;        /* bytes of the decode rows' keys and values each thread reads first (read_ahead) */
-    atomic_ullong ranges[PYLLM_MAX_THREADS];  /* each thread's items still to do (pyllm_range_claim) */
-} attention_batch;
-
-/* The most bytes of the decode rows' keys and values one thread reads ahead (half of a 1 MiB L2). */
-#define READ_AHEAD_BYTES (512 << 10)
-
-/*
- * Thread ith's part of the batch's decode keys and values, read one load a line before its items: the runs of
- * every job in order, split evenly (as the items are), the first read_ahead bytes of its part. A row's items
- * read one kv head's lines of every slot, a strided run the prefetchers do not follow, computing as they go; the
- * step's weights have long pushed them out of cache. Read here, contiguous and with nothing else to do, they come
- * in at the memory's full rate, and the items find them in their own L2. SmolLM2 at 2 threads, with the items'
- * per-thread ranges: attention at 4 rows of 60-124 slots 1.27-1.32 -> 0.78-0.90 ms a step; builds alternated,
- * 4-row decode step 5.75-5.92 -> 5.42 ms, and of 1000 slots 1 row 7.3-7.7 -> 5.6 ms, 4 rows 16.5-19.1 -> 14.0.
- */
-static unsigned read_ahead(const attention_batch *batch, int ith, int nth) {
-    int64_t total = 0;
-    for (int j = 0; j < batch->n_jobs; ++j) total += 2 * read_ahead_bytes(&batch->jobs[j]);
-    int64_t from, to;
-    pyllm_split_range(total, ith, nth, &from, &to);
-    if (to - from > batch->read_ahead) to = from + batch->read_ahead;
-    unsigned sum = 0;
-    int64_t start = 0;  /* the current run's first byte in the concatenation */
-    for (int j = 0; j < batch->n_jobs && from < to; ++j) {
-        const attention_job *job = &batch->jobs[j];
-        const int64_t bytes = read_ahead_bytes(job);
-        for (int kv = 0; kv < 2 && from < to; ++kv, start += bytes) {
-            const unsigned char *run = (const unsigned char *)(kv == 0 ? job->k : job->v);
-            for (; from < to && from < start + bytes; from += 64) sum += run[from - start];
-        }
-    }
-    return sum;
-}
-
-/* Item `item` of the batch (numbered over its jobs in order). */
-static void attend_item(const attention_batch *batch, int64_t item, float *scratch) {
-    int j = 0;
-    while (item >= job_items(&batch->jobs[j])) item -= job_items(&batch->jobs[j++]);
-    const attention_job *job = &batch->jobs[j];
-    if (job->prompt == NULL) {
-        const int64_t runs = head_runs(job), per_row = job->n_head_kv * runs;
-        const int64_t hk = item % per_row / runs, run = item % runs, group = job->n_head / job->n_head_kv;
-        const int64_t h0 = hk * group + run * job->heads_per_item;
-        attend_heads(job, item / per_row, h0, group - h0 % group < job->heads_per_item ? group - h0 % group
-                                                                                    : job->heads_per_item, scratch);
-        return;
-    }
-    /* numbered from the last query block (the most keys, under a causal mask) down: the first thread's range holds
-     * the heaviest, and the others, done with their lighter ones, take its items from the back one by one */
-    const int64_t n_blocks = (job->m + QUERY_BLOCK - 1) / QUERY_BLOCK;
-    const int64_t block = n_blocks - 1 - item / job->n_head_kv, r0 = block * QUERY_BLOCK;
-    attend_block(job, item % job->n_head_kv, r0, r0 + QUERY_BLOCK < job->m ? r0 + QUERY_BLOCK : job->m, scratch);
-}
-
-static void attention_task(void *arg, int ith, int nth) {
-    attention_batch *batch = arg;
-    float *scratch = batch->scratch + ith * batch->scratch_floats;
-    if (batch->read_ahead > 0) {
-        volatile unsigned sink = read_ahead(batch, ith, nth);
-        (void)sink;
-    }
-    int64_t item;
-    for (int k = 0; k < nth; ++k) {  /* its own items from the front, then the others' from the back */
-        while (pyllm_range_claim(&batch->ranges[(ith + k) % nth], 1, k > 0, &item) > 0) attend_item(batch, item, scratch);
-    }
-}
-
-int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_t n_head, int64_t n_head_kv,
-                          int64_t d, float scale, int32_t window, float softcap, int n_threads) {
-    pyllm_cpu_best_tier();  /* the fp16 table is filled on first use of the core */
-    if (n_calls <= 0 || d <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) return PYLLM_ERR_SHAPE;
-    if (n_threads <= 0) n_threads = pyllm_physical_cores();
-    if (n_threads > PYLLM_MAX_THREADS) return PYLLM_ERR_THREADS;
-    attention_job *jobs = malloc((size_t)n_calls * sizeof(attention_job));
-    if (jobs == NULL) return PYLLM_ERR_NOMEM;
-    const int tier = pyllm_active_tier();
-    const prompt_attention_kernels *prompt = pyllm_prompt_attention_kernels(tier);
-    const head_group_kernels *group = d % 8 == 0 ? pyllm_head_group_kernels(tier) : NULL;
-    const int64_t group_size = n_head / n_head_kv;
-    int64_t work = 0, rows_alone = 0;
-    for (int j = 0; j < n_calls; ++j) {
-        const pyllm_attention_call *c = &calls[j];
-        if (c->m <= 0 || c->n_kv <= 0) {
-            free(jobs);
-            return PYLLM_ERR_SHAPE;
-        }
-        const int blocks = prompt != NULL && c->m >= QUERY_BLOCK && d % 16 == 0 && c->n_kv * d <= BLOCK_KV_FLOATS;
-        jobs[j] = (attention_job){c->q, c->k, c->v, c->qpos, c->kpos, c->m, c->n_kv, n_head, n_head_kv, d, scale,
-                                  softcap, window, c->out, pyllm_op_kernels(tier), blocks ? prompt : NULL, group, 1};
-        work += c->m * n_head * c->n_kv * d;
-        rows_alone += blocks ? 0 : c->m;
-    }
-    /* a small step is quicker on fewer threads than handed out (results do not depend on it) */
-    if (work < (int64_t)n_threads << 15) n_threads = (int)(work >> 15) + 1;
-    /* with group kernels a row's heads of a kv head go together, in halves (and so on) while that leaves a
-     * thread without an item */
-    int64_t heads_per_item = group != NULL ? group_size : 1;
-    while (heads_per_item > 1 && rows_alone * n_head_kv * ((group_size + heads_per_item - 1) / heads_per_item) < n_threads) {
-        heads_per_item = (heads_per_item + 1) / 2;
-    }
-    int64_t scratch_floats = 0;
-    for (int j = 0; j < n_calls; ++j) {
-        attention_job *job = &jobs[j];
-        job->heads_per_item = heads_per_item;
-        const int64_t floats = job->prompt != NULL ? block_scratch_floats(job->n_kv, d, group_size)
-                                                   : attend_heads_floats(heads_per_item, job->n_kv, d);
-        scratch_floats = floats > scratch_floats ? floats : scratch_floats;
-    }
-    attention_batch batch = {.jobs = jobs, .n_jobs = n_calls, .scratch_floats = scratch_floats,
-                             .read_ahead = READ_AHEAD_BYTES};
-    int64_t n_items = 0;
-    for (int j = 0; j < n_calls; ++j) n_items += job_items(&jobs[j]);
-    pyllm_ranges_init(batch.ranges, n_items, n_threads);
-    batch.scratch = pyllm_scratch(SCRATCH_ATTENTION, (size_t)(n_threads * scratch_floats) * sizeof(float));
-    int status = batch.scratch == NULL ? PYLLM_ERR_NOMEM : pyllm_pool_run(n_threads, attention_task, &batch);
-    free(jobs);
-    return status;
-}
-
-int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
-                    const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
-                    float scale, int32_t window, float softcap, float *out, int n_threads) {
-    const pyllm_attention_call call = {q, k, v, qpos, kpos, m, n_kv, out};
-    return pyllm_attention_batch(&call, 1, n_head, n_head_kv, d, scale, window, softcap, n_threads);
+    active_ops()->ops->geglu(gelu_half, gate, up, y, n);
 }

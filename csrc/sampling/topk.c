@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/dispatch.h"
+#include "backend/kernel_set.h"
 
 /* (value, id) a worse than b: lower value, or the same value and a later id. */
 static inline int worse(const float *x, int32_t a, int32_t b) {
@@ -95,7 +95,7 @@ int pyllm_argmax(const float *x, int64_t n, const int64_t *bias_ids, const float
     for (int64_t i = 0; i < n_bias; ++i) {
         if (bias_ids[i] < 0 || bias_ids[i] >= n) return PYLLM_ERR_SHAPE;
     }
-    int64_t (*const argmax)(const float *, int64_t, int *) = pyllm_op_kernels(pyllm_active_tier())->argmax;
+    int64_t (*const argmax)(const float *, int64_t, int *) = active_ops()->ops->argmax;
     const int64_t first = argmax(x, n, nan);
     int leader_biased = 0;
     for (int64_t i = 0; i < n_bias; ++i) leader_biased |= bias_ids[i] == first;

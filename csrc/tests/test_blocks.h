@@ -7,7 +7,7 @@
 
 #include <stdlib.h>
 
-#include "formats/quants.h"
+#include "backend/kernel_set.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
@@ -75,8 +75,20 @@ static inline void random_weights(int type, uint8_t *dst, int64_t n_rows, int64_
     const size_t bytes = (size_t)(n_rows * n / QK32) * sizeof(block_q5_0);
     uint8_t *plain = malloc(bytes);
     random_blocks(PYLLM_TYPE_Q5_0, plain, n_rows * n, mode);
-    pyllm_group_q5_0(plain, dst, n_rows, n);
+    pyllm_repack(PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_0_G8, plain, dst, n_rows, n);
     free(plain);
+}
+
+/* y = x . W^T for a matrix w of `type` (its active kernel set), as the model multiplies. */
+static inline int matmul_type(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
+                              int n_threads) {
+    const pyllm_weight weight = {pyllm_kernels(type), w, n, k};
+    return pyllm_matmul(&weight, x, m, y, n_threads);
+}
+
+/* The plain type of a tiled layout (its traits' plain_type), or -1 for any other type. */
+static inline int tiled_base(int type) {
+    return pyllm_traits(type)->tile_rows > 1 ? pyllm_traits(type)->plain_type : -1;
 }
 
 static const int weight_types[] = {

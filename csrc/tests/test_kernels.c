@@ -16,11 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/dispatch.h"
-#include "matmul/matmul.h"
-#include "formats/panel.h"
 #include "core/scratch.h"
 #include "core/threadpool.h"
+#include "matmul/matmul.h"
 #include "test_blocks.h"
 
 static int passed, failed;
@@ -68,7 +66,7 @@ static void test_tiers_agree(void) {
             float *x = malloc((size_t)n * sizeof(float));
             float *wf = malloc((size_t)n * sizeof(float));
             float *xf = malloc((size_t)n * sizeof(float));
-            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            uint8_t *act = malloc((size_t)activation_row_bytes(type, n));
             random_weights(type, w, 1, n, FILL_RANDOM);
             for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
             if (blocks == 3) {  /* a zero activation row and zero weights */
@@ -117,9 +115,9 @@ static void test_matmul_invariance(void) {
             random_weights(type, w, n, k, FILL_RANDOM);
             for (int64_t i = 0; i < m * k; ++i) x[i] = rng_float(-1, 1);
             for (int threads = 1; threads <= 4; ++threads) {
-                CHECK(pyllm_matmul(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");
+                CHECK(matmul_type(type, w, n, k, x, m, y_all, threads) == PYLLM_OK, "matmul");
                 for (int64_t r = 0; r < m; ++r) {
-                    CHECK(pyllm_matmul(type, w, n, k, x + r * k, 1, y_one, 5 - threads) == PYLLM_OK, "matmul row");
+                    CHECK(matmul_type(type, w, n, k, x + r * k, 1, y_one, 5 - threads) == PYLLM_OK, "matmul row");
                     CHECK(memcmp(y_one, y_all + r * n, (size_t)n * sizeof(float)) == 0,
                           "%s M=%lld row %lld differs alone (threads %d vs %d)", pyllm_type_name(type), (long long)m,
                           (long long)r, 5 - threads, threads);
@@ -139,8 +137,8 @@ static void test_matmul_many_is_matmul_each(void) {
     const int64_t k = 512, ms[] = {1, 4, 7, 37};
     enum { N_W = 3 };
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
-        const int type = types[ti], base = x16_base_type(type) >= 0 ? x16_base_type(type) : type;
-        const int64_t ns[N_W] = {x16_base_type(type) >= 0 ? 48 : 37, x16_base_type(type) >= 0 ? 32 : 5, 16};
+        const int type = types[ti], base = tiled_base(type) >= 0 ? tiled_base(type) : type;
+        const int64_t ns[N_W] = {tiled_base(type) >= 0 ? 48 : 37, tiled_base(type) >= 0 ? 32 : 5, 16};
         const int64_t row_bytes = k / pyllm_type_block_size(base) * pyllm_type_size(base);
         uint8_t *w[N_W];
         float *x = malloc((size_t)(37 * k) * sizeof(float)), *together[N_W], *alone = malloc(37 * 48 * sizeof(float));
@@ -149,7 +147,7 @@ static void test_matmul_many_is_matmul_each(void) {
             w[i] = malloc((size_t)(ns[i] * row_bytes));
             random_weights(base, plain, ns[i], k, FILL_RANDOM);
             if (type == base) memcpy(w[i], plain, (size_t)(ns[i] * row_bytes));
-            else pyllm_interleave(base, plain, w[i], ns[i], k);
+            else pyllm_repack(base, type, plain, w[i], ns[i], k);
             free(plain);
             together[i] = malloc((size_t)(37 * ns[i]) * sizeof(float));
         }
@@ -157,11 +155,11 @@ static void test_matmul_many_is_matmul_each(void) {
         for (int mi = 0; mi < 4; ++mi) {
             for (int threads = 1; threads <= 3; ++threads) {
                 const int64_t m = ms[mi];
-                pyllm_matrix matrices[N_W];
-                for (int i = 0; i < N_W; ++i) matrices[i] = (pyllm_matrix){w[i], ns[i], together[i]};
-                CHECK(pyllm_matmul_many(type, matrices, N_W, k, x, m, threads) == PYLLM_OK, "matmul_many");
+                matmul_weight matrices[N_W];
+                for (int i = 0; i < N_W; ++i) matrices[i] = (matmul_weight){w[i], ns[i], together[i]};
+                CHECK(matmul_many(pyllm_kernels(type), matrices, N_W, k, x, m, threads) == PYLLM_OK, "matmul_many");
                 for (int i = 0; i < N_W; ++i) {
-                    CHECK(pyllm_matmul(type, w[i], ns[i], k, x, m, alone, 4 - threads) == PYLLM_OK &&
+                    CHECK(matmul_type(type, w[i], ns[i], k, x, m, alone, 4 - threads) == PYLLM_OK &&
                           memcmp(alone, together[i], (size_t)(m * ns[i]) * sizeof(float)) == 0,
                           "%s M=%lld threads %d: weight %d differs from its matmul alone", pyllm_type_name(type),
                           (long long)m, threads, i);
@@ -173,73 +171,83 @@ static void test_matmul_many_is_matmul_each(void) {
     }
     float x[32] = {0}, y[16];
     uint8_t w[16 * sizeof(block_q8_0)] = {0};
-    const pyllm_matrix five[5] = {{w, 16, y}, {w, 16, y}, {w, 16, y}, {w, 16, y}, {w, 16, y}};
-    CHECK(pyllm_matmul_many(PYLLM_TYPE_Q8_0, five, 0, 32, x, 1, 1) == PYLLM_ERR_SHAPE, "matmul_many: no weight");
-    CHECK(pyllm_matmul_many(PYLLM_TYPE_Q8_0, five, 5, 32, x, 1, 1) == PYLLM_ERR_SHAPE, "matmul_many: five weights");
+    const matmul_weight five[5] = {{w, 16, y}, {w, 16, y}, {w, 16, y}, {w, 16, y}, {w, 16, y}};
+    CHECK(matmul_many(pyllm_kernels(PYLLM_TYPE_Q8_0), five, 0, 32, x, 1, 1) == PYLLM_ERR_SHAPE, "matmul_many: no weight");
+    CHECK(matmul_many(pyllm_kernels(PYLLM_TYPE_Q8_0), five, 5, 32, x, 1, 1) == PYLLM_ERR_SHAPE, "matmul_many: five weights");
 }
 
-/* Panel kernels (a prompt's activation rows sixteen at a time: panel.h), where the CPU runs them: each output is
- * the generic vec_dot's, bit for bit, on 1..20 blocks of every kind of weight bytes, for full panels and
- * partial ones, and for a weight row paired with itself. */
-static void test_panel_kernels_agree(void) {
-    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX512_VNNI) return;
-    int checked = 0, bad = 0;
-    for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
-        const int type = weight_types[ti];
-        const panel_kernel_fn kernel = panel_kernel_table_avx512_vnni[type];
-        const wide_unpack_fn unpack = wide_unpack_table_avx512_vnni[type];
-        if (kernel == NULL || unpack == NULL) continue;
-        for (int mode = 0; mode < FILL_MODES; ++mode) {
-            for (int blocks = 1; blocks <= 20; ++blocks) {
-                const int64_t n = pyllm_type_block_size(type) * blocks, row_bytes = blocks * pyllm_type_size(type);
-                const int64_t act_bytes = pyllm_activation_row_bytes(type, n);
-                uint8_t *w = malloc((size_t)(2 * row_bytes)), *act = malloc((size_t)(PANEL_ROWS * act_bytes));
-                float *x = malloc((size_t)n * sizeof(float));
-                random_weights(type, w, 2, n, mode);
-                for (int r = 0; r < PANEL_ROWS; ++r) {
-                    for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
-                    pyllm_quantize_activations(type, x, act + r * act_bytes, n);
-                }
-                const int64_t wide_bytes = wide_row_scratch_bytes(type, n);
-                uint8_t *wide = aligned_alloc(64, (size_t)(2 * wide_bytes));
-                uint8_t *scratch = aligned_alloc(64, (size_t)act_panel_scratch_bytes(type, n));
-                wide_row rows[2];
-                for (int i = 0; i < 2; ++i) unpack(w + i * row_bytes, n, wide + i * wide_bytes, &rows[i]);
-                const int panel_rows[2] = {PANEL_ROWS, 1 + blocks % PANEL_ROWS};
-                for (int pi = 0; pi < 2; ++pi) {
-                    act_panel panel;
-                    act_panel_prepare(&panel, type, act, act_bytes, panel_rows[pi], n, scratch);
-                    for (int same = 0; same < 2; ++same) {
-                        const wide_row two[2] = {rows[0], rows[same ? 0 : 1]};
-                        float out[2][PANEL_ROWS];
-                        kernel(n, two, &panel, out);
-                        for (int i = 0; i < 2; ++i) {
-                            for (int r = 0; r < panel_rows[pi]; ++r) {
-                                const float want = vec_dot_table_generic[type](n, w + (same ? 0 : i) * row_bytes,
-                                                                               act + r * act_bytes);
-                                bad += memcmp(&want, &out[i][r], sizeof(float)) != 0;
-                                ++checked;
-                            }
+/* One type's panel kernel (a kernel set's) against the generic vec_dot on 1..20 blocks of every kind of weight bytes,
+ * for full panels and partial ones, and for a weight row paired with itself. */
+static void compare_panel_kernel(const pyllm_kernel_set *ks, int *checked, int *bad) {
+    const int type = ks->type;
+    const panel_kernel_fn kernel = ks->panel;
+    const panel_unpack_fn unpack = ks->panel_unpack;
+    const vec_dot_fn generic = kernel_set(PYLLM_TIER_GENERIC, type)->vec_dot;
+    for (int mode = 0; mode < FILL_MODES; ++mode) {
+        for (int blocks = 1; blocks <= 20; ++blocks) {
+            const int64_t n = pyllm_type_block_size(type) * blocks, row_bytes = blocks * pyllm_type_size(type);
+            const int64_t act_bytes = activation_row_bytes(type, n);
+            uint8_t *w = malloc((size_t)(2 * row_bytes)), *act = malloc((size_t)(PANEL_ROWS * act_bytes));
+            float *x = malloc((size_t)n * sizeof(float));
+            random_weights(type, w, 2, n, mode);
+            for (int r = 0; r < PANEL_ROWS; ++r) {
+                for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
+                pyllm_quantize_activations(type, x, act + r * act_bytes, n);
+            }
+            const int64_t unpacked_bytes = unpacked_row_bytes(type, n);
+            uint8_t *unpacked = aligned_alloc(64, (size_t)(2 * unpacked_bytes));
+            uint8_t *scratch = aligned_alloc(64, (size_t)act_panel_scratch_bytes(type, n));
+            unpacked_row rows[2];
+            for (int i = 0; i < 2; ++i) unpack(w + i * row_bytes, n, unpacked + i * unpacked_bytes, &rows[i]);
+            const int panel_rows[2] = {PANEL_ROWS, 1 + blocks % PANEL_ROWS};
+            for (int pi = 0; pi < 2; ++pi) {
+                act_panel panel;
+                act_panel_prepare(&panel, type, act, act_bytes, panel_rows[pi], n, scratch);
+                for (int same = 0; same < 2; ++same) {
+                    const unpacked_row two[2] = {rows[0], rows[same ? 0 : 1]};
+                    float out[2][PANEL_ROWS];
+                    kernel(n, two, &panel, out);
+                    for (int i = 0; i < 2; ++i) {
+                        for (int r = 0; r < panel_rows[pi]; ++r) {
+                            const float want = generic(n, w + (same ? 0 : i) * row_bytes, act + r * act_bytes);
+                            *bad += memcmp(&want, &out[i][r], sizeof(float)) != 0;
+                            ++*checked;
                         }
                     }
                 }
-                free(scratch); free(wide); free(x); free(w); free(act);
             }
+            free(scratch); free(unpacked); free(x); free(w); free(act);
         }
     }
-    CHECK(checked > 0 && bad == 0, "panel kernels: %d of %d outputs differ from generic vec_dot", bad, checked);
+}
+
+/* Panel kernels (a prompt's activation rows sixteen at a time: formats/kernel_layouts.h), in every tier the CPU runs
+ * that has them: each output is the generic vec_dot's, bit for bit. */
+static void test_panel_kernels_agree(void) {
+    int checked = 0, bad = 0, sets = 0;
+    for (int tier = 0; tier <= pyllm_cpu_best_tier(); ++tier) {
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
+            const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
+            if (ks->panel == NULL) continue;
+            sets++;
+            compare_panel_kernel(ks, &checked, &bad);
+        }
+    }
+    CHECK(sets == 0 || (checked > 0 && bad == 0), "panel kernels: %d of %d outputs differ from generic vec_dot", bad,
+          checked);
 }
 
 /* The tier's panel layout (gathers) is act_panel_prepare's, byte for byte, for every activation format, 1..16
  * rows and 1..20 blocks (superblocks); the rows sit at the end of their buffer (ASan: nothing read past). */
 static void test_panel_prepare_agrees(void) {
-    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX512_VNNI || panel_prepare_avx512_vnni == NULL) return;
     const int types[] = {PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q4_K};  /* q8_0, q8_1, q8_K rows */
     int checked = 0, bad = 0;
-    for (int ti = 0; ti < 3; ++ti) {
-        const int type = types[ti];
+    for (int tt = 0; tt < 3 * (pyllm_cpu_best_tier() + 1); ++tt) {
+        const int type = types[tt % 3];
+        const panel_prepare_fn prepare = kernel_set(tt / 3, type)->panel_prepare;
+        if (prepare == NULL) continue;
         for (int blocks = 1; blocks <= 20; ++blocks) {
-            const int64_t n = pyllm_type_block_size(type) * blocks, act_bytes = pyllm_activation_row_bytes(type, n);
+            const int64_t n = pyllm_type_block_size(type) * blocks, act_bytes = activation_row_bytes(type, n);
             uint8_t *act = malloc((size_t)(PANEL_ROWS * act_bytes));
             float *x = malloc((size_t)n * sizeof(float));
             for (int r = 0; r < PANEL_ROWS; ++r) {
@@ -253,7 +261,7 @@ static void test_panel_prepare_agrees(void) {
                 act_panel a, b;
                 memset(want, 1, (size_t)bytes), memset(got, 2, (size_t)bytes);
                 act_panel_prepare(&a, type, first, act_bytes, n_rows, n, want);
-                panel_prepare_avx512_vnni(&b, type, first, act_bytes, n_rows, n, got);
+                prepare(&b, type, first, act_bytes, n_rows, n, got);
                 bad += memcmp(want, got, (size_t)bytes) != 0 || a.n_rows != b.n_rows || (a.sum == NULL) != (b.sum == NULL) ||
                        (a.group_sums == NULL) != (b.group_sums == NULL);
                 ++checked;
@@ -270,8 +278,8 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_vec_dot(PYLLM_TIER_GENERIC, 99, w, x, 32, &out) == PYLLM_ERR_TYPE, "unknown type");
     CHECK(pyllm_vec_dot(PYLLM_TIER_GENERIC, PYLLM_TYPE_Q4_0, w, x, 31, &out) == PYLLM_ERR_SHAPE, "bad n");
     CHECK(pyllm_vec_dot(PYLLM_TIER_COUNT, PYLLM_TYPE_Q4_0, w, x, 32, &out) == PYLLM_ERR_TIER, "bad tier");
-    CHECK(pyllm_matmul(PYLLM_TYPE_Q8_K, w, 1, 256, x, 1, y, 1) == PYLLM_ERR_TYPE, "q8_K is not a weight type");
-    CHECK(pyllm_matmul(PYLLM_TYPE_Q4_0, w, 1, 32, x, 1, y, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS, "threads");
+    CHECK(matmul_type(PYLLM_TYPE_Q8_K, w, 1, 256, x, 1, y, 1) == PYLLM_ERR_TYPE, "q8_K is not a weight type");
+    CHECK(matmul_type(PYLLM_TYPE_Q4_0, w, 1, 32, x, 1, y, PYLLM_MAX_THREADS + 1) == PYLLM_ERR_THREADS, "threads");
     CHECK(pyllm_dequantize_row(-1, w, y, 4) == PYLLM_ERR_TYPE, "negative type");
 
     /* transformer blocks: a bad configuration or segment list is refused before anything runs */
@@ -305,7 +313,7 @@ static void test_bad_arguments(void) {
     pyllm_kv_layer kv = {.k = cache_k, .v = cache_v, .positions = cache_pos, .capacity = 1, .k_row = 32, .v_row = 32};
     pyllm_kv_layer *kv_layers[1] = {&kv};
     pyllm_segment one = {.row0 = 0, .n_rows = 1, .positions = pos, .kv = kv_layers};
-    const pyllm_weight square = {PYLLM_TYPE_F32, weights, 32, 32};
+    const pyllm_weight square = {pyllm_kernels(PYLLM_TYPE_F32), weights, 32, 32};
     pyllm_block block = {.wq = square, .wk = square, .wv = square, .wo = square, .w_gate = square, .w_up = square,
                          .w_down = square, .attn_norm = {norm, 31}, .ffn_norm = {norm, 32}, .rope_base = 10000.0f,
                          .rope_scale = 1.0f};
@@ -323,23 +331,6 @@ static void test_bad_arguments(void) {
     CHECK(pyllm_rope(row, pos, 1, 2, 16, 15, 10000.0f, 1.0f, 0) == PYLLM_ERR_SHAPE, "rope: odd n_rot");
 }
 
-/* The families of multi-row and row kernels (vec_dot_avx2.inc built twice), with the lowest tier whose CPUs
- * run them and their single-row kernels. */
-static const struct {
-    const char *name;
-    int tier;
-    const vec_dot_fn *one;
-    const vec_dot_rows_fn *rows, *rows8;
-    const vec_dot_row_fn *row;
-    const vec_dot_cols_fn *cols;
-} families[] = {
-    {"avx2", PYLLM_TIER_AVX2, vec_dot_table_avx2, vec_dot_rows_table_avx2, vec_dot_rows8_table_avx2, vec_dot_row_table_avx2,
-     vec_dot_cols_table_avx2},
-    {"avx2_vnni", PYLLM_TIER_AVX512_VNNI, vec_dot_table_avx2_vnni, vec_dot_rows_table_avx2_vnni,
-     vec_dot_rows8_table_avx2_vnni, vec_dot_row_table_avx2_vnni, vec_dot_cols_table_avx2_vnni},
-};
-enum { N_FAMILIES = sizeof(families) / sizeof(families[0]) };
-
 /* One multi-row kernel (n_groups groups of rows) against its single-row kernel, on 1..20 blocks a row and
  * every number of rows in the last group: counts the outputs checked and those that differ. */
 static void compare_rows_kernel(int type, vec_dot_fn one, vec_dot_rows_fn rows, int n_groups, int *checked, int *bad) {
@@ -352,7 +343,7 @@ static void compare_rows_kernel(int type, vec_dot_fn one, vec_dot_rows_fn rows, 
         float *x = malloc((size_t)n * sizeof(float));
         random_weights(type, w, 1, n, FILL_RANDOM);
         for (int r = 0; r < MAX_ROWS; ++r) {
-            act[r] = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            act[r] = malloc((size_t)activation_row_bytes(type, n));
             for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
             pyllm_quantize_activations(type, x, act[r], n);
         }
@@ -380,18 +371,17 @@ static void compare_rows_kernel(int type, vec_dot_fn one, vec_dot_rows_fn rows, 
     }
 }
 
-/* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel), in every family the CPU
- * runs: each output is the family's single-row kernel's, bit for bit, for every block count (groups of 8 and
- * tails) and every number of rows in the (last) group. */
+/* Multi-row kernels (one group of rows, and two where a type has the 8-row kernel), in every tier the CPU runs:
+ * each output is the tier's vec_dot's, bit for bit, for every block count (groups of 8 and tails) and every number of
+ * rows in the (last) group. */
 static void test_rows_kernels_agree(void) {
     int checked = 0, bad = 0;
-    for (int fi = 0; fi < N_FAMILIES; ++fi) {
-        if (families[fi].tier > pyllm_cpu_best_tier()) continue;
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
-            const int type = weight_types[ti];
+            const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
             for (int n_groups = 1; n_groups <= 2; ++n_groups) {
-                const vec_dot_rows_fn rows = n_groups == 1 ? families[fi].rows[type] : families[fi].rows8[type];
-                if (rows != NULL) compare_rows_kernel(type, families[fi].one[type], rows, n_groups, &checked, &bad);
+                const vec_dot_rows_fn rows = n_groups == 1 ? ks->rows4 : ks->rows8;
+                if (rows != NULL) compare_rows_kernel(ks->type, ks->vec_dot, rows, n_groups, &checked, &bad);
             }
         }
     }
@@ -399,13 +389,13 @@ static void test_rows_kernels_agree(void) {
 }
 
 /* One row kernel against its single-row kernel on 1..20 blocks of every kind of weight bytes. */
-static void compare_row_kernel(int type, vec_dot_fn one, vec_dot_row_fn row_kernel, int *checked, int *bad) {
+static void compare_row_kernel(int type, vec_dot_fn one, vec_dot_prepared_fn row_kernel, int *checked, int *bad) {
     const int64_t bs = pyllm_type_block_size(type);
     for (int mode = 0; mode < FILL_MODES; ++mode) {
         for (int blocks = 1; blocks <= 20; ++blocks) {
             const int64_t n = bs * blocks;
             uint8_t *w = malloc((size_t)(blocks * pyllm_type_size(type)));
-            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            uint8_t *act = malloc((size_t)activation_row_bytes(type, n));
             float *x = malloc((size_t)n * sizeof(float));
             uint8_t *scratch = aligned_alloc(64, (size_t)act_row_scratch_bytes(type, n));
             random_weights(type, w, 1, n, mode);
@@ -432,7 +422,7 @@ static void compare_cols_kernel(int type, vec_dot_fn one, vec_dot_cols_fn cols, 
         for (int blocks = 1; blocks <= 20; ++blocks) {
             const int64_t n = bs * blocks, row_bytes = blocks * block_bytes;
             uint8_t *w = malloc((size_t)(VEC_DOT_COLS * row_bytes));
-            uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+            uint8_t *act = malloc((size_t)activation_row_bytes(type, n));
             float *x = malloc((size_t)n * sizeof(float));
             random_weights(type, w, VEC_DOT_COLS, n, mode);
             for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
@@ -461,32 +451,31 @@ static void compare_cols_kernel(int type, vec_dot_fn one, vec_dot_cols_fn cols, 
 static void test_row_kernels_agree(void) {
     if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
     int checked = 0, bad = 0, types = 0, cols_types = 0;
-    for (int fi = 0; fi < N_FAMILIES; ++fi) {
-        if (families[fi].tier > pyllm_cpu_best_tier()) continue;
+    for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
-            const int type = weight_types[ti];
-            if (families[fi].cols[type] != NULL) {
+            const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
+            if (ks->cols4 != NULL) {
                 cols_types++;
-                compare_cols_kernel(type, families[fi].one[type], families[fi].cols[type], &checked, &bad);
+                compare_cols_kernel(ks->type, ks->vec_dot, ks->cols4, &checked, &bad);
             }
-            if (families[fi].row[type] == NULL) continue;
+            if (ks->prepared == NULL) continue;
             types++;
-            compare_row_kernel(type, families[fi].one[type], families[fi].row[type], &checked, &bad);
+            compare_row_kernel(ks->type, ks->vec_dot, ks->prepared, &checked, &bad);
         }
     }
     for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
         const int type = weight_types[ti];
-        if (pyllm_active_vec_dot_row(type) == NULL && pyllm_active_vec_dot_cols(type) == NULL) continue;
-        const vec_dot_fn one = pyllm_active_vec_dot(type);
+        if (pyllm_kernels(type)->prepared == NULL && pyllm_kernels(type)->cols4 == NULL) continue;
+        const vec_dot_fn one = pyllm_kernels(type)->vec_dot;
         enum { N_OUT = 37, BLOCKS = 7 };  /* rows not a multiple of the tile, so threads split unevenly */
         const int64_t n = pyllm_type_block_size(type) * BLOCKS, row_bytes = BLOCKS * pyllm_type_size(type);
-        uint8_t *w = malloc((size_t)(N_OUT * row_bytes)), *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+        uint8_t *w = malloc((size_t)(N_OUT * row_bytes)), *act = malloc((size_t)activation_row_bytes(type, n));
         float x[7 * 256], y[N_OUT];
         random_weights(type, w, N_OUT, n, FILL_RANDOM);
         for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
         pyllm_quantize_activations(type, x, act, n);
         for (int threads = 1; threads <= 3; ++threads) {
-            CHECK(pyllm_matmul(type, w, N_OUT, n, x, 1, y, threads) == PYLLM_OK, "row kernels: matmul runs");
+            CHECK(matmul_type(type, w, N_OUT, n, x, 1, y, threads) == PYLLM_OK, "row kernels: matmul runs");
             for (int c = 0; c < N_OUT; ++c) {
                 const float want = one(n, w + c * row_bytes, act);
                 bad += memcmp(&want, &y[c], sizeof(float)) != 0;
@@ -509,12 +498,12 @@ static void test_grouped_q5_0_is_q5_0(void) {
     for (int blocks = 1; blocks <= 20; ++blocks) {
         const int64_t n = QK32 * blocks, row_bytes = blocks * (int64_t)sizeof(block_q5_0);
         uint8_t *plain = malloc((size_t)(N_OUT * row_bytes)), *grouped = malloc((size_t)(N_OUT * row_bytes));
-        uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(PYLLM_TYPE_Q5_0, n));
+        uint8_t *act = malloc((size_t)activation_row_bytes(PYLLM_TYPE_Q5_0, n));
         float *x = malloc((size_t)(M_MAX * n) * sizeof(float)), *y_plain = malloc(M_MAX * N_OUT * sizeof(float));
         float *y_grouped = malloc(M_MAX * N_OUT * sizeof(float));
         float *f_plain = malloc((size_t)n * sizeof(float)), *f_grouped = malloc((size_t)n * sizeof(float));
         random_weights(PYLLM_TYPE_Q5_0, plain, N_OUT, n, blocks % 3 == 0 ? 5 : FILL_RANDOM);
-        CHECK(pyllm_group_q5_0(plain, grouped, N_OUT, n) == PYLLM_OK, "group");
+        CHECK(pyllm_repack(PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q5_0_G8, plain, grouped, N_OUT, n) == PYLLM_OK, "group");
         for (int64_t i = 0; i < M_MAX * n; ++i) x[i] = rng_float(-1, 1);
         pyllm_quantize_activations(PYLLM_TYPE_Q5_0, x, act, n);
         for (int r = 0; r < N_OUT; ++r) {
@@ -531,8 +520,8 @@ static void test_grouped_q5_0_is_q5_0(void) {
         }
         for (int m = 1; m <= M_MAX; m += 3) {
             for (int threads = 1; threads <= 2; ++threads) {
-                CHECK(pyllm_matmul(PYLLM_TYPE_Q5_0, plain, N_OUT, n, x, m, y_plain, threads) == PYLLM_OK &&
-                      pyllm_matmul(PYLLM_TYPE_Q5_0_G8, grouped, N_OUT, n, x, m, y_grouped, threads) == PYLLM_OK &&
+                CHECK(matmul_type(PYLLM_TYPE_Q5_0, plain, N_OUT, n, x, m, y_plain, threads) == PYLLM_OK &&
+                      matmul_type(PYLLM_TYPE_Q5_0_G8, grouped, N_OUT, n, x, m, y_grouped, threads) == PYLLM_OK &&
                       memcmp(y_plain, y_grouped, (size_t)(m * N_OUT) * sizeof(float)) == 0,
                       "blocks=%d m=%d threads=%d: matmul differs from Q5_0's", blocks, m, threads);
             }
@@ -555,11 +544,11 @@ static void test_interleaved_is_plain(void) {
     int kernel_checked = 0, kernel_bad = 0;
     for (int ti = 0; ti < (int)(sizeof(bases) / sizeof(bases[0])); ++ti) {
         const int base = bases[ti], type = interleaved[ti];
-        const x16_kernel_fn kernel = pyllm_cpu_best_tier() >= PYLLM_TIER_AVX512_VNNI ? x16_kernel_table_avx512_vnni[type] : NULL;
+        const tile_kernel_fn kernel = kernel_set(pyllm_cpu_best_tier(), type)->tile;
         for (int blocks = 1; blocks <= 20; ++blocks) {
             const int mode = blocks % FILL_MODES;
             const int64_t n = QK32 * blocks, row_bytes = blocks * pyllm_type_size(base);
-            const int64_t act_bytes = pyllm_activation_row_bytes(base, n), prepared_bytes = act_row_scratch_bytes(type, n);
+            const int64_t act_bytes = activation_row_bytes(base, n), prepared_bytes = act_row_scratch_bytes(type, n);
             uint8_t *plain = malloc((size_t)(N_OUT * row_bytes)), *tiles = malloc((size_t)(N_OUT * row_bytes));
             uint8_t *row = malloc((size_t)row_bytes), *act = malloc((size_t)(2 * act_bytes));
             uint8_t *prepared = aligned_alloc(64, (size_t)(2 * prepared_bytes));
@@ -567,12 +556,12 @@ static void test_interleaved_is_plain(void) {
             float *y_tiles = malloc(M_MAX * N_OUT * sizeof(float));
             float *f_plain = malloc((size_t)n * sizeof(float)), *f_rows = malloc((size_t)(N_OUT * n) * sizeof(float));
             random_weights(base, plain, N_OUT, n, mode);
-            CHECK(pyllm_interleave(base, plain, tiles, N_OUT, n) == PYLLM_OK, "interleave");
+            CHECK(pyllm_repack(base, type, plain, tiles, N_OUT, n) == PYLLM_OK, "interleave");
             int64_t all_rows[N_OUT];
             for (int r = 0; r < N_OUT; ++r) all_rows[r] = N_OUT - 1 - r;
             CHECK(pyllm_dequantize_rows(type, tiles, N_OUT, n, all_rows, N_OUT, f_rows) == PYLLM_OK, "rows");
             for (int r = 0; r < N_OUT; ++r) {
-                x16_gather_row(type, tiles, r, n, row);
+                tile_gather_row(type, tiles, r, n, row);
                 CHECK(memcmp(row, plain + r * row_bytes, (size_t)row_bytes) == 0, "%s blocks=%d row %d: gathered bytes differ",
                       pyllm_type_name(type), blocks, r);
                 pyllm_dequantize_row(base, plain + (N_OUT - 1 - r) * row_bytes, f_plain, n);
@@ -591,8 +580,8 @@ static void test_interleaved_is_plain(void) {
                     kernel(n, tiles + t * X16_ROWS * row_bytes, rows, n_rows, out[0], X16_ROWS, tiles, t);
                     for (int r = 0; r < n_rows; ++r) {
                         for (int i = 0; i < X16_ROWS; ++i) {
-                            const float want = vec_dot_table_generic[base](n, plain + (t * X16_ROWS + i) * row_bytes,
-                                                                           act + r * act_bytes);
+                            const float want = kernel_set(PYLLM_TIER_GENERIC, base)->vec_dot(
+                                n, plain + (t * X16_ROWS + i) * row_bytes, act + r * act_bytes);
                             kernel_bad += memcmp(&want, &out[r][i], sizeof(float)) != 0;
                             ++kernel_checked;
                         }
@@ -604,8 +593,8 @@ static void test_interleaved_is_plain(void) {
                 for (int mi = 0; mi < (int)(sizeof(ms) / sizeof(ms[0])); ++mi) {
                     for (int threads = 1; threads <= 3; threads += 2) {
                         const int64_t m = ms[mi];
-                        CHECK(pyllm_matmul(base, plain, N_OUT, n, x, m, y_plain, threads) == PYLLM_OK &&
-                              pyllm_matmul(type, tiles, N_OUT, n, x, m, y_tiles, threads) == PYLLM_OK &&
+                        CHECK(matmul_type(base, plain, N_OUT, n, x, m, y_plain, threads) == PYLLM_OK &&
+                              matmul_type(type, tiles, N_OUT, n, x, m, y_tiles, threads) == PYLLM_OK &&
                               memcmp(y_plain, y_tiles, (size_t)(m * N_OUT) * sizeof(float)) == 0,
                               "%s blocks=%d m=%lld threads=%d tier %s: matmul differs from %s's", pyllm_type_name(type),
                               blocks, (long long)m, threads, pyllm_tier_name(t), pyllm_type_name(base));
@@ -624,9 +613,9 @@ static void test_interleaved_is_plain(void) {
     uint8_t blocks[X16_ROWS * sizeof(block_q8_0)] = {0}, out[sizeof blocks];
     float y[X16_ROWS], x1[QK32] = {0};
     const int64_t outside[1] = {X16_ROWS};
-    CHECK(pyllm_interleave(PYLLM_TYPE_Q4_0, blocks, out, X16_ROWS, QK32) == PYLLM_ERR_TYPE, "interleave: Q4_0");
-    CHECK(pyllm_interleave(PYLLM_TYPE_Q8_0, blocks, out, X16_ROWS - 1, QK32) == PYLLM_ERR_SHAPE, "interleave: 15 rows");
-    CHECK(pyllm_matmul(PYLLM_TYPE_Q8_0_X16, out, X16_ROWS - 8, QK32, x1, 1, y, 1) == PYLLM_ERR_SHAPE, "matmul: 8 rows");
+    CHECK(pyllm_repack(PYLLM_TYPE_Q4_0, PYLLM_TYPE_Q8_0_X16, blocks, out, X16_ROWS, QK32) == PYLLM_ERR_TYPE, "interleave: Q4_0");
+    CHECK(pyllm_repack(PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0_X16, blocks, out, X16_ROWS - 1, QK32) == PYLLM_ERR_SHAPE, "interleave: 15 rows");
+    CHECK(matmul_type(PYLLM_TYPE_Q8_0_X16, out, X16_ROWS - 8, QK32, x1, 1, y, 1) == PYLLM_ERR_SHAPE, "matmul: 8 rows");
     CHECK(pyllm_dequantize_row(PYLLM_TYPE_Q8_0_X16, out, y, QK32) == PYLLM_ERR_TYPE, "dequantize_row: interleaved");
     CHECK(pyllm_dequantize_rows(PYLLM_TYPE_Q8_0_X16, out, X16_ROWS, QK32, outside, 1, y) == PYLLM_ERR_SHAPE,
           "dequantize_rows: row 16 of 16");
@@ -861,7 +850,7 @@ static void test_activation_quantizers_agree(void) {
         if (trial % 5 == 2) x[rng_u32() % N] = INFINITY;
         if (trial % 5 == 3) x[rng_u32() % N] = -INFINITY;
         for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-            const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC), *fast = pyllm_op_kernels(tier);
+            const op_kernels *generic = tier_ops(PYLLM_TIER_GENERIC)->ops, *fast = tier_ops(tier)->ops;
             const quantize_row_fn pairs[3][2] = {{generic->quantize_q8_0, fast->quantize_q8_0},
                                                  {generic->quantize_q8_1, fast->quantize_q8_1},
                                                  {generic->quantize_q8_K, fast->quantize_q8_K}};
@@ -891,10 +880,10 @@ static void test_geglu_agrees(void) {
         g[i] = i < 12 ? specials[i] : rng_float(-12, 12) * (i % 7 == 0 ? 1e-4f : 1.0f);
         u[i] = rng_float(-3, 3);
     }
-    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    const op_kernels *generic = tier_ops(PYLLM_TIER_GENERIC)->ops;
     generic->geglu(table, g, u, y_ref, N);
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-        pyllm_op_kernels(tier)->geglu(table, g, u, y_got, N);
+        tier_ops(tier)->ops->geglu(table, g, u, y_got, N);
         CHECK(memcmp(y_ref, y_got, sizeof(y_ref)) == 0, "geglu: tier %s differs from generic", pyllm_tier_name(tier));
     }
 }
@@ -914,15 +903,15 @@ static void test_to_half_agrees(void) {
         if (i >= 16 && i % 3 == 0) bits = (bits & 0x8FFFFFFFu) | 0x30000000u;  /* many near the half range */
         memcpy(&x[i], &bits, 4);
     }
-    pyllm_op_kernels(PYLLM_TIER_GENERIC)->to_half(x, ref, N);
-    pyllm_op_kernels(PYLLM_TIER_GENERIC)->round_half(x, rounded_ref, N);
+    tier_ops(PYLLM_TIER_GENERIC)->ops->to_half(x, ref, N);
+    tier_ops(PYLLM_TIER_GENERIC)->ops->round_half(x, rounded_ref, N);
     int finite_as_halves = 1;  /* round_half's finite results are to_half's halves, as floats */
     for (int i = 0; i < N; ++i) finite_as_halves &= isnan(rounded_ref[i]) || rounded_ref[i] == fp16_to_fp32(ref[i]);
     CHECK(finite_as_halves, "round_half: generic is not to_half's halves as floats");
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-        pyllm_op_kernels(tier)->to_half(x, got, N);
+        tier_ops(tier)->ops->to_half(x, got, N);
         CHECK(memcmp(ref, got, sizeof(ref)) == 0, "to_half: tier %s differs from generic", pyllm_tier_name(tier));
-        pyllm_op_kernels(tier)->round_half(x, rounded_got, N - 3);  /* an 8-wide tail too */
+        tier_ops(tier)->ops->round_half(x, rounded_got, N - 3);  /* an 8-wide tail too */
         CHECK(memcmp(rounded_ref, rounded_got, (N - 3) * sizeof(float)) == 0, "round_half: tier %s differs from generic",
               pyllm_tier_name(tier));
     }
@@ -936,11 +925,11 @@ static void test_to_half_agrees(void) {
 static void test_rope_agrees(void) {
     enum { MAX_D = 256 };
     static float ref[MAX_D], got[MAX_D], cos_sin[MAX_D];
-    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    const op_kernels *generic = tier_ops(PYLLM_TIER_GENERIC)->ops;
     const int64_t n_rots[] = {2, 6, 8, 14, 16, 30, 64, 128, 256};
     int checked = 0, bad = 0;
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-        const op_kernels *fast = pyllm_op_kernels(tier);
+        const op_kernels *fast = tier_ops(tier)->ops;
         for (int ri = 0; ri < 9; ++ri) {
             for (int neox = 0; neox <= 1; ++neox) {
                 const int32_t pos = (int32_t)(rng_u32() % 40000);
@@ -961,10 +950,10 @@ static void test_rope_agrees(void) {
 static void test_argmax_agrees(void) {
     enum { MAX_N = 40 };
     float x[MAX_N];
-    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    const op_kernels *generic = tier_ops(PYLLM_TIER_GENERIC)->ops;
     int checked = 0, bad = 0;
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-        const op_kernels *fast = pyllm_op_kernels(tier);
+        const op_kernels *fast = tier_ops(tier)->ops;
         for (int n = 1; n <= MAX_N; ++n) {
             for (int kind = 0; kind < 6; ++kind) {
                 for (int i = 0; i < n; ++i) {
@@ -1005,12 +994,12 @@ static void test_op_kernels_agree(void) {
     static float s_ref[MAX_N], s_got[MAX_N], p[MAX_N], out_ref[MAX_D], out_got[MAX_D];
     static float g[MAX_N], u[MAX_N], y_ref[MAX_N], y_got[MAX_N];
     static uint16_t v[MAX_N * 2 * MAX_D];
-    const op_kernels *generic = pyllm_op_kernels(PYLLM_TIER_GENERIC);
+    const op_kernels *generic = tier_ops(PYLLM_TIER_GENERIC)->ops;
     const int lengths[] = {1, 5, 8, 13, 64, 100};
     const float specials[] = {0.0f, -0.0f, 88.0f, -88.0f, 87.3f, -87.3f, 100.0f, -100.0f, 150.0f, -150.0f,
                               1e30f, -1e30f, 1e-30f, -1e-30f};
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
-        const op_kernels *fast = pyllm_op_kernels(tier);
+        const op_kernels *fast = tier_ops(tier)->ops;
         for (int li = 0; li < 6; ++li) {
             const int n = lengths[li];
             float max = -INFINITY;

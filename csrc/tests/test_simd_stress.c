@@ -1,10 +1,10 @@
 /*
- * test_simd_stress.c - every SIMD table's vec_dot kernels against generic, bit
+ * test_simd_stress.c - every SIMD tier's vec_dot kernels against generic, bit
  * for bit, on stress inputs: every block count up to several 8-block groups
  * (all tails), extreme weight bytes (0x80, 0x7F, 0xFF, 0x00), zero rows.
  *   test_simd_stress [ITERS]        check (default 24 iterations)
- *   test_simd_stress 0 bench        ns per 4096-element row, per table
- * Tables the CPU cannot run are skipped; prints "N passed, N failed" last.
+ *   test_simd_stress 0 bench        ns per 4096-element row, per tier
+ * Tiers the CPU cannot run are skipped; prints "N passed, N failed" last.
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,21 +12,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/dispatch.h"
 #include "test_blocks.h"
 
-/* Every table of vec_dot kernels, with the lowest tier whose CPUs run it (generic first: the reference). */
-static const struct {
-    const char *name;
-    int tier;
-    const vec_dot_fn *table;
-} tables[] = {
-    {"generic", PYLLM_TIER_GENERIC, vec_dot_table_generic},
-    {"avx2", PYLLM_TIER_AVX2, vec_dot_table_avx2},
-    {"avx512", PYLLM_TIER_AVX512, vec_dot_table_avx512},
-    {"avx2_vnni", PYLLM_TIER_AVX512_VNNI, vec_dot_table_avx2_vnni},
-};
-enum { N_TABLES = sizeof(tables) / sizeof(tables[0]) };
+/* Every tier (generic first: the reference); each one's vec_dot of a weight type comes from its kernel set. */
+enum { N_TABLES = PYLLM_TIER_COUNT };
+
+static vec_dot_fn tier_vec_dot(int tier, int type) { return kernel_set(tier, type)->vec_dot; }
 /* Activations always come from the quantizers: q8 values in [-127, 127],
  * bsums the sums of their groups. That is the kernels' contract. */
 static void make_activations(int type, uint8_t *act, const float *x, int64_t n) {
@@ -44,7 +35,7 @@ static void bench(int best) {
     printf("\n== timing: ns per %lld-element row (one thread, %lld rows, best of 5)\n", (long long)n, (long long)rows);
     printf("%-6s", "type");
     for (int t = 0; t < N_TABLES; ++t) {
-        if (tables[t].tier <= best) printf(" %12s", tables[t].name);
+        if (t <= best) printf(" %12s", pyllm_tier_name(t));
     }
     printf("\n");
     volatile float sink = 0;
@@ -53,14 +44,14 @@ static void bench(int best) {
         const int64_t row_bytes = n / pyllm_type_block_size(type) * pyllm_type_size(type);
         uint8_t *w = malloc((size_t)(row_bytes * rows));
         float *x = malloc((size_t)n * sizeof(float));
-        uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+        uint8_t *act = malloc((size_t)activation_row_bytes(type, n));
         random_weights(type, w, rows, n, FILL_RANDOM);
         for (int64_t i = 0; i < n; ++i) x[i] = rng_float(-1, 1);
         make_activations(type, act, x, n);
         printf("%-6s", pyllm_type_name(type));
         for (int t = 0; t < N_TABLES; ++t) {
-            if (tables[t].tier > best) continue;
-            const vec_dot_fn k = tables[t].table[type];
+            if (t > best) continue;
+            const vec_dot_fn k = tier_vec_dot(t, type);
             if (k == NULL) { printf(" %12s", "-"); continue; }
             double best_s = 1e30;
             for (int rep = 0; rep < 5; ++rep) {
@@ -85,10 +76,10 @@ int main(int argc, char **argv) {
     long checks[N_TABLES] = {0}, fails[N_TABLES] = {0};
     long type_fails[N_TABLES][N_WEIGHT_TYPES] = {{0}};
     for (int t = 1; t < N_TABLES && iters > 0; ++t) {
-        if (tables[t].tier > best) continue;
+        if (t > best) continue;
         int own = 0;
-        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) own += tables[t].table[weight_types[ti]] != NULL;
-        printf("table %s: kernels for %d of %d weight types\n", tables[t].name, own, N_WEIGHT_TYPES);
+        for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) own += tier_vec_dot(t, weight_types[ti]) != tier_vec_dot(0, weight_types[ti]);
+        printf("tier %s: kernels of its own for %d of %d weight types\n", pyllm_tier_name(t), own, N_WEIGHT_TYPES);
     }
     for (int it = 0; it < iters; ++it) {
         const int wmode = it % FILL_MODES;
@@ -100,19 +91,19 @@ int main(int argc, char **argv) {
                 const int64_t n = bs * len;
                 uint8_t *w = malloc((size_t)(len * pyllm_type_size(type)));
                 float *x = malloc((size_t)n * sizeof(float));
-                uint8_t *act = malloc((size_t)pyllm_activation_row_bytes(type, n));
+                uint8_t *act = malloc((size_t)activation_row_bytes(type, n));
                 random_weights(type, w, 1, n, wmode);
                 for (int64_t i = 0; i < n; ++i) x[i] = (it % 7 == 6) ? 0.0f : rng_float(-1, 1);
                 make_activations(type, act, x, n);
-                const float ref = vec_dot_table_generic[type](n, w, act);
+                const float ref = tier_vec_dot(PYLLM_TIER_GENERIC, type)(n, w, act);
                 for (int t = 1; t < N_TABLES; ++t) {
-                    if (tables[t].tier > best || tables[t].table[type] == NULL) continue;
-                    const float got = tables[t].table[type](n, w, act);
+                    if (t > best) continue;
+                    const float got = tier_vec_dot(t, type)(n, w, act);
                     checks[t]++;
                     if (memcmp(&got, &ref, 4) != 0) {
                         if (type_fails[t][ti]++ < 3) {
-                            printf("FAIL %s table %s n=%lld weights mode %d: %.9g != generic %.9g\n",
-                                   pyllm_type_name(type), tables[t].name, (long long)n, wmode, got, ref);
+                            printf("FAIL %s tier %s n=%lld weights mode %d: %.9g != generic %.9g\n",
+                                   pyllm_type_name(type), pyllm_tier_name(t), (long long)n, wmode, got, ref);
                         }
                         fails[t]++;
                     }
@@ -123,8 +114,8 @@ int main(int argc, char **argv) {
     }
     long total_checks = 0, total_fails = 0;
     for (int t = 1; t < N_TABLES && iters > 0; ++t) {
-        if (tables[t].tier > best) continue;
-        printf("stress table %s: %ld checks, %ld failed\n", tables[t].name, checks[t], fails[t]);
+        if (t > best) continue;
+        printf("stress tier %s: %ld checks, %ld failed\n", pyllm_tier_name(t), checks[t], fails[t]);
         total_checks += checks[t];
         total_fails += fails[t];
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {

@@ -2,16 +2,16 @@
  * ops_avx2.c - AVX2 + FMA + F16C versions of the non-matmul inner loops
  * (attention dots, softmax, weighted sums, activations, the activation
  * quantizers): the generic kernels' operations 8 lanes at a time, giving the
- * same bits (quants.h says what each computes).
+ * same bits (backend/kernel_set.h says what each computes).
  *
- * Compiled for AVX2 by pragma, like vec_dot_avx2.c: dispatch.c hands these out
+ * Compiled for AVX2 by pragma, like vec_dot_avx2.c: backends_x86.c hands these out
  * only on CPUs with AVX2 and FMA.
  */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
-#include "formats/quants.h"
+#include "x86/x86.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -405,9 +405,5 @@ static void scale_row_avx2(const float *x, const float *w, float *y, int64_t n, 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
                                      to_half_avx2, round_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2};
-
-#else /* not x86-64 with GCC or clang */
-
-const op_kernels op_kernels_avx2 = {0};
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * ops_avx512.c - a prompt's attention on AVX-512 (quants.h, prompt_attention_kernels): keys and values
+ * ops_avx512.c - a prompt's attention on AVX-512 (backend/kernel_set.h, prompt_attention_kernels): keys and values
  * converted to float once for a block of queries, then 16 keys (dot products) or 16 dimensions (weighted
  * sums) in the lanes of a vector, each lane in the order of the generic dots and weighted_sum. A key block
  * (16 keys of d floats) or a value chunk (16 dimensions of every key) is what stays in L1 while ops.c runs
@@ -9,9 +9,9 @@
  * key and value converted once, in the 8 lanes of the generic kernels, with the 32 registers AVX-512 gives
  * for 8 keys or 64 dimensions of up to 3 heads at a time (4 keys or 32 dimensions of 4).
  *
- * Compiled for AVX-512 F by pragma; dispatch.c hands these out only on CPUs with it.
+ * Compiled for AVX-512 F by pragma; backends_x86.c hands these out only on CPUs with it.
  */
-#include "formats/quants.h"
+#include "x86/x86.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -246,10 +246,5 @@ static void weighted_sum_heads_avx512(const float *p, int64_t p_stride, int64_t 
 
 const prompt_attention_kernels prompt_attention_avx512 = {kv_to_float_avx512, dots_t_avx512, weighted_sum_f_avx512};
 const head_group_kernels head_group_avx512 = {dots_heads_avx512, weighted_sum_heads_avx512};
-
-#else /* not x86-64 with GCC or clang */
-
-const prompt_attention_kernels prompt_attention_avx512 = {0};
-const head_group_kernels head_group_avx512 = {0};
 
 #endif

@@ -1,11 +1,11 @@
 /*
- * panel_avx512_vnni.c - the panel kernels (panel.h) on AVX-512 VNNI: weight rows of the 32-element formats,
+ * panel_avx512_vnni.c - the panel kernels (formats/kernel_layouts.h) on AVX-512 VNNI: weight rows of the 32-element formats,
  * Q4_K and Q6_K unpacked to bytes, and two of them against a panel of 16 activation rows.
  *
- * Built without global -m flags: the kernels get their target by pragma and run only where dispatch.c has
- * seen the CPU features.
+ * Built without global -m flags: the kernels get their target by pragma and run only where backends_x86.c
+ * has seen the CPU features.
  */
-#include "formats/panel.h"
+#include "x86/x86.h"
 
 #include <stddef.h>
 
@@ -51,14 +51,14 @@ static inline int32_t lanes_sum(__m256i v) {
 }
 
 /* A block's 32 weights q into *out with their lane corrections (or, whole_block, the block's in lane 0). */
-static inline void wide_store(wide_block *out, __m256i q, int whole_block) {
+static inline void unpacked_store(unpacked_block *out, __m256i q, int whole_block) {
     const __m256i lanes = lane_corrections(q);
     _mm256_store_si256((__m256i *)out->q, q);
     _mm256_store_si256((__m256i *)out->correction, whole_block ? _mm256_setr_epi32(lanes_sum(lanes), 0, 0, 0, 0, 0, 0, 0) : lanes);
 }
 
-/* The scratch of a row of nb blocks (superblocks) of block_bytes: blocks, then d, then m (panel.c's sizes). */
-static inline void wide_layout(void *scratch, int64_t nb, size_t block_bytes, int has_min, wide_row *row,
+/* The scratch of a row of nb blocks (superblocks) of block_bytes: blocks, then d, then m (unpacked_row_bytes). */
+static inline void unpacked_layout(void *scratch, int64_t nb, size_t block_bytes, int has_min, unpacked_row *row,
                                float **d, float **m) {
     *d = (float *)((uint8_t *)scratch + nb * (int64_t)block_bytes);
     *m = *d + (nb + 15) / 16 * 16;
@@ -69,15 +69,15 @@ static inline void wide_layout(void *scratch, int64_t nb, size_t block_bytes, in
 
 /* One unpacker per plain format: q (the weights as the reference multiplies them); store_min: the block's m
  * into m[b], or nothing. */
-#define WIDE_UNPACK(name, block_t, weights, has_min, store_min, whole_block)                                 \
-    static void name(const void *w, int64_t n, void *scratch, wide_row *row) {                               \
+#define PANEL_UNPACK(name, block_t, weights, has_min, store_min, whole_block)                                 \
+    static void name(const void *w, int64_t n, void *scratch, unpacked_row *row) {                               \
         const block_t *x = w;                                                                                \
         const int64_t nb = n / QK32;                                                                         \
-        wide_block *blocks = scratch;                                                                        \
+        unpacked_block *blocks = scratch;                                                                        \
         float *d, *m;                                                                                        \
-        wide_layout(scratch, nb, sizeof(wide_block), has_min, row, &d, &m);                                  \
+        unpacked_layout(scratch, nb, sizeof(unpacked_block), has_min, row, &d, &m);                                  \
         for (int64_t b = 0; b < nb; ++b) {                                                                   \
-            wide_store(&blocks[b], weights, whole_block);                                                    \
+            unpacked_store(&blocks[b], weights, whole_block);                                                    \
             d[b] = _cvtsh_ss(x[b].d);                                                                        \
             store_min;                                                                                       \
         }                                                                                                    \
@@ -89,43 +89,43 @@ static inline void wide_layout(void *scratch, int64_t nb, size_t block_bytes, in
 #define STORE_MIN m[b] = _cvtsh_ss(x[b].m)
 #define NO_MIN (void)m
 
-WIDE_UNPACK(wide_unpack_q4_0, block_q4_0, Q4_SIGNED, 0, NO_MIN, 1)
-WIDE_UNPACK(wide_unpack_q4_0_lanes, block_q4_0, Q4_SIGNED, 0, NO_MIN, 0)
-WIDE_UNPACK(wide_unpack_q4_1, block_q4_1, nibbles32(x[b].qs), 1, STORE_MIN, 0)
-WIDE_UNPACK(wide_unpack_q5_0, block_q5_0, _mm256_sub_epi8(Q5_UNSIGNED, _mm256_set1_epi8(16)), 0, NO_MIN, 0)
-WIDE_UNPACK(wide_unpack_q5_1, block_q5_1, Q5_UNSIGNED, 1, STORE_MIN, 0)
-WIDE_UNPACK(wide_unpack_q8_0, block_q8_0, _mm256_loadu_si256((const __m256i *)x[b].qs), 0, NO_MIN, 0)
+PANEL_UNPACK(panel_unpack_q4_0, block_q4_0, Q4_SIGNED, 0, NO_MIN, 1)
+PANEL_UNPACK(panel_unpack_q4_0_lanes, block_q4_0, Q4_SIGNED, 0, NO_MIN, 0)
+PANEL_UNPACK(panel_unpack_q4_1, block_q4_1, nibbles32(x[b].qs), 1, STORE_MIN, 0)
+PANEL_UNPACK(panel_unpack_q5_0, block_q5_0, _mm256_sub_epi8(Q5_UNSIGNED, _mm256_set1_epi8(16)), 0, NO_MIN, 0)
+PANEL_UNPACK(panel_unpack_q5_1, block_q5_1, Q5_UNSIGNED, 1, STORE_MIN, 0)
+PANEL_UNPACK(panel_unpack_q8_0, block_q8_0, _mm256_loadu_si256((const __m256i *)x[b].qs), 0, NO_MIN, 0)
 
 /* Q5_0_G8: a group's block k takes its fifth bits from bit k of the group's qh bytes; the plain tail as Q5_0. */
-static void wide_unpack_q5_0_g8(const void *w, int64_t n, void *scratch, wide_row *row) {
+static void panel_unpack_q5_0_g8(const void *w, int64_t n, void *scratch, unpacked_row *row) {
     const group_q5_0 *groups = w;
     const block_q5_0 *x = w;  /* the blocks after the groups: b at b * 22 bytes */
     const int64_t nb = n / QK32, n_grouped = nb / 8 * 8;
-    wide_block *blocks = scratch;
+    unpacked_block *blocks = scratch;
     float *d, *m;
-    wide_layout(scratch, nb, sizeof(wide_block), 0, row, &d, &m);
+    unpacked_layout(scratch, nb, sizeof(unpacked_block), 0, row, &d, &m);
     for (int64_t b = 0; b < n_grouped; ++b) {
         const group_q5_0 *g = &groups[b / 8];
         const __mmask32 bits = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)g->qh),
                                                      _mm256_set1_epi8((char)(1 << (b % 8))));
         const __m256i q = _mm256_or_si256(nibbles32(g->qs[b % 8]), _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10)));
-        wide_store(&blocks[b], _mm256_sub_epi8(q, _mm256_set1_epi8(16)), 0);
+        unpacked_store(&blocks[b], _mm256_sub_epi8(q, _mm256_set1_epi8(16)), 0);
         d[b] = _cvtsh_ss(g->d[b % 8]);
     }
     for (int64_t b = n_grouped; b < nb; ++b) {
-        wide_store(&blocks[b], _mm256_sub_epi8(Q5_UNSIGNED, _mm256_set1_epi8(16)), 0);
+        unpacked_store(&blocks[b], _mm256_sub_epi8(Q5_UNSIGNED, _mm256_set1_epi8(16)), 0);
         d[b] = _cvtsh_ss(x[b].d);
     }
 }
 
-static void wide_unpack_q4_K(const void *w, int64_t n, void *scratch, wide_row *row) {
+static void panel_unpack_q4_K(const void *w, int64_t n, void *scratch, unpacked_row *row) {
     const block_q4_K *x = w;
     const int64_t nb = n / QK_K;
-    wide_q4_K *blocks = scratch;
+    unpacked_q4_K *blocks = scratch;
     float *d, *dmin;
-    wide_layout(scratch, nb, sizeof(wide_q4_K), 1, row, &d, &dmin);
+    unpacked_layout(scratch, nb, sizeof(unpacked_q4_K), 1, row, &d, &dmin);
     for (int64_t b = 0; b < nb; ++b) {
-        wide_q4_K *out = &blocks[b];
+        unpacked_q4_K *out = &blocks[b];
         for (int c = 0; c < 4; ++c) {  /* 64-element chunk c: low nibbles of 32 bytes, then their high ones */
             const __m256i packed = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c)), m4 = _mm256_set1_epi8(0x0F);
             const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
@@ -145,15 +145,15 @@ static void wide_unpack_q4_K(const void *w, int64_t n, void *scratch, wide_row *
     }
 }
 
-static void wide_unpack_q6_K(const void *w, int64_t n, void *scratch, wide_row *row) {
+static void panel_unpack_q6_K(const void *w, int64_t n, void *scratch, unpacked_row *row) {
     const block_q6_K *x = w;
     const int64_t nb = n / QK_K;
-    wide_q6_K *blocks = scratch;
+    unpacked_q6_K *blocks = scratch;
     float *d, *m;
-    wide_layout(scratch, nb, sizeof(wide_q6_K), 0, row, &d, &m);
+    unpacked_layout(scratch, nb, sizeof(unpacked_q6_K), 0, row, &d, &m);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < nb; ++b) {
-        wide_q6_K *out = &blocks[b];
+        unpacked_q6_K *out = &blocks[b];
         for (int half = 0; half < 2; ++half) {  /* elements 128 half + 32 j + l from ql, qh as the reference */
             const uint8_t *ql = x[b].ql + 64 * half;
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)ql), ql1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
@@ -211,7 +211,7 @@ static inline void transpose_units(const __m512i z[8], uint8_t *out) {
 
 /* act_panel_prepare by transposes: a block's 32 quants of the 16 rows (zeros past n_rows) loaded whole and
  * transposed into its 8 units; the scales and sums copied row by row. */
-static void panel_prepare(act_panel *panel, int weight_type, const void *first, int64_t row_bytes, int n_rows,
+static void panel_prepare_by_transposes(act_panel *panel, int weight_type, const void *first, int64_t row_bytes, int n_rows,
                           int64_t n, void *scratch) {
     act_panel_layout(panel, weight_type, n_rows, n, scratch);
     const int act_type = pyllm_vec_dot_type(weight_type);
@@ -267,7 +267,7 @@ static inline __m512i panel_unit(const act_panel *p, int64_t b, int l) {
 
 /* The 8-lane formats: accumulator l of weight row i is every row's lane l; its chain and the closing tree
  * (lanes l and l + 4, then + 2, then + 1) are the reference's. Q4_1 / Q5_1 also chain mins = fmaf(m, s, mins). */
-static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const wide_row rows[2], const act_panel *p,
+static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const unpacked_row rows[2], const act_panel *p,
                                                               float out[2][PANEL_ROWS], const int has_min) {
     __m512 acc[2][8], mins[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int i = 0; i < 2; ++i) {
@@ -281,7 +281,7 @@ static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const w
             const __m512 s_act = _mm512_load_ps(p->sum + b * PANEL_ROWS);
             for (int i = 0; i < 2; ++i) mins[i] = _mm512_fmadd_ps(_mm512_set1_ps(rows[i].m[b]), s_act, mins[i]);
         }
-        const wide_block *w[2] = {(const wide_block *)rows[0].blocks + b, (const wide_block *)rows[1].blocks + b};
+        const unpacked_block *w[2] = {(const unpacked_block *)rows[0].blocks + b, (const unpacked_block *)rows[1].blocks + b};
 #pragma GCC unroll 8
         for (int l = 0; l < 8; ++l) {
             const __m512i a = panel_unit(p, b, l);
@@ -301,17 +301,17 @@ static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const w
     }
 }
 
-static void panel_kernel_lanes(int64_t n, const wide_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
+static void vec_dot_32_lanes_panel(int64_t n, const unpacked_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
     panel_lanes(n, rows, p, out, 0);
 }
 
-static void panel_kernel_lanes_min(int64_t n, const wide_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
+static void vec_dot_32_lanes_min_panel(int64_t n, const unpacked_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
     panel_lanes(n, rows, p, out, 1);
 }
 
 /* Q4_0: each block's exact total (four partial sums of two dots each, for the dots' latency), then
  * acc = fmaf((float)total, d_w * d_a, acc). */
-static inline __m512 q4_0_block(__m512 acc, const wide_block *w, float d, __m512 d_act, const __m512i a[8]) {
+static inline __m512 q4_0_block(__m512 acc, const unpacked_block *w, float d, __m512 d_act, const __m512i a[8]) {
     const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_set1_epi32(w->correction[0]), a[0], weight_unit(w->q, 0)),
                                            a[4], weight_unit(w->q, 4));
     const __m512i s1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), a[1], weight_unit(w->q, 1)), a[5],
@@ -324,8 +324,8 @@ static inline __m512 q4_0_block(__m512 acc, const wide_block *w, float d, __m512
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(_mm512_set1_ps(d), d_act), acc);
 }
 
-static void panel_kernel_q4_0(int64_t n, const wide_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
-    const wide_block *w0 = rows[0].blocks, *w1 = rows[1].blocks;
+static void vec_dot_q4_0_q8_0_panel(int64_t n, const unpacked_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
+    const unpacked_block *w0 = rows[0].blocks, *w1 = rows[1].blocks;
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / QK32; ++b) {
         const __m512 d_act = _mm512_load_ps(p->scale + b * PANEL_ROWS);
@@ -342,11 +342,11 @@ static void panel_kernel_q4_0(int64_t n, const wide_row rows[2], const act_panel
 /* Q4_K: each 32-element group's exact sum, then per 64-element chunk its scaled sum and scaled min in float
  * (all integers below 2^24, so exactly the reference's int sums converted), chained as the reference:
  * acc = fmaf(sum, d * d_a, acc), mins = fmaf(sum_min, dmin * d_a, mins); acc - mins. */
-static void panel_kernel_q4_K(int64_t n, const wide_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
+static void vec_dot_q4_K_q8_K_panel(int64_t n, const unpacked_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, mins[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const __m512 d_act = _mm512_load_ps(p->scale + b * PANEL_ROWS);
-        const wide_q4_K *w[2] = {(const wide_q4_K *)rows[0].blocks + b, (const wide_q4_K *)rows[1].blocks + b};
+        const unpacked_q4_K *w[2] = {(const unpacked_q4_K *)rows[0].blocks + b, (const unpacked_q4_K *)rows[1].blocks + b};
         __m512i dots[2][8];
 #pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
@@ -384,10 +384,10 @@ static void panel_kernel_q4_K(int64_t n, const wide_row rows[2], const act_panel
 
 /* Q6_K: each 16-element group's exact sum times its scale, summed over the superblock in int32, then
  * acc = fmaf(d * (float)sum, d_a, acc). A half superblock at a time (16 chains of dots in registers). */
-static void panel_kernel_q6_K(int64_t n, const wide_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
+static void vec_dot_q6_K_q8_K_panel(int64_t n, const unpacked_row rows[2], const act_panel *p, float out[2][PANEL_ROWS]) {
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; ++b) {
-        const wide_q6_K *w[2] = {(const wide_q6_K *)rows[0].blocks + b, (const wide_q6_K *)rows[1].blocks + b};
+        const unpacked_q6_K *w[2] = {(const unpacked_q6_K *)rows[0].blocks + b, (const unpacked_q6_K *)rows[1].blocks + b};
         __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
@@ -431,26 +431,20 @@ static void panel_kernel_q6_K(int64_t n, const wide_row rows[2], const act_panel
 #pragma GCC pop_options
 #endif
 
-const wide_unpack_fn wide_unpack_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_0] = wide_unpack_q4_0, [PYLLM_TYPE_Q4_0_LANES] = wide_unpack_q4_0_lanes,
-    [PYLLM_TYPE_Q4_1] = wide_unpack_q4_1, [PYLLM_TYPE_Q5_0] = wide_unpack_q5_0,
-    [PYLLM_TYPE_Q5_0_G8] = wide_unpack_q5_0_g8, [PYLLM_TYPE_Q5_1] = wide_unpack_q5_1,
-    [PYLLM_TYPE_Q8_0] = wide_unpack_q8_0, [PYLLM_TYPE_Q4_K] = wide_unpack_q4_K, [PYLLM_TYPE_Q6_K] = wide_unpack_q6_K,
+const panel_unpack_fn panel_unpack_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q4_0] = panel_unpack_q4_0, [PYLLM_TYPE_Q4_0_LANES] = panel_unpack_q4_0_lanes,
+    [PYLLM_TYPE_Q4_1] = panel_unpack_q4_1, [PYLLM_TYPE_Q5_0] = panel_unpack_q5_0,
+    [PYLLM_TYPE_Q5_0_G8] = panel_unpack_q5_0_g8, [PYLLM_TYPE_Q5_1] = panel_unpack_q5_1,
+    [PYLLM_TYPE_Q8_0] = panel_unpack_q8_0, [PYLLM_TYPE_Q4_K] = panel_unpack_q4_K, [PYLLM_TYPE_Q6_K] = panel_unpack_q6_K,
 };
 
 const panel_kernel_fn panel_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_0] = panel_kernel_q4_0, [PYLLM_TYPE_Q4_0_LANES] = panel_kernel_lanes,
-    [PYLLM_TYPE_Q4_1] = panel_kernel_lanes_min, [PYLLM_TYPE_Q5_0] = panel_kernel_lanes,
-    [PYLLM_TYPE_Q5_0_G8] = panel_kernel_lanes, [PYLLM_TYPE_Q5_1] = panel_kernel_lanes_min,
-    [PYLLM_TYPE_Q8_0] = panel_kernel_lanes, [PYLLM_TYPE_Q4_K] = panel_kernel_q4_K, [PYLLM_TYPE_Q6_K] = panel_kernel_q6_K,
+    [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_panel, [PYLLM_TYPE_Q4_0_LANES] = vec_dot_32_lanes_panel,
+    [PYLLM_TYPE_Q4_1] = vec_dot_32_lanes_min_panel, [PYLLM_TYPE_Q5_0] = vec_dot_32_lanes_panel,
+    [PYLLM_TYPE_Q5_0_G8] = vec_dot_32_lanes_panel, [PYLLM_TYPE_Q5_1] = vec_dot_32_lanes_min_panel,
+    [PYLLM_TYPE_Q8_0] = vec_dot_32_lanes_panel, [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_panel, [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_panel,
 };
 
-const panel_prepare_fn panel_prepare_avx512_vnni = panel_prepare;
-
-#else /* not x86-64 with GCC or clang: no panel kernels */
-
-const panel_prepare_fn panel_prepare_avx512_vnni = NULL;
-const wide_unpack_fn wide_unpack_table_avx512_vnni[PYLLM_TYPE_COUNT] = {0};
-const panel_kernel_fn panel_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {0};
+const panel_prepare_fn panel_prepare_avx512_vnni = panel_prepare_by_transposes;
 
 #endif

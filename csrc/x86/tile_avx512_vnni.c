@@ -1,5 +1,5 @@
 /*
- * interleave_avx512_vnni.c - the tile kernels of the interleaved matrices (quants.h: x16_kernel_fn) on
+ * tile_avx512_vnni.c - the tile kernels of the tiled layouts (backend/kernel_set.h: tile_kernel_fn) on
  * AVX-512 VNNI: 16 weight rows in the 16 lanes of a vector against one or two activation rows.
  *
  * The multi-row kernels of vec_dot_avx2.inc hold one output's 8 lane sums in a vector and pay a dot, a
@@ -13,10 +13,10 @@
  * offsets); Q5_0's q (0..31: the nibble, plus 16 by a byte-masked add where the lane's mask has the fifth
  * bit) the same way with 16.
  *
- * Built without global -m flags: the kernels get their target by pragma and run only where dispatch.c has
+ * Built without global -m flags: the kernels get their target by pragma and run only where backends_x86.c has
  * seen the CPU features.
  */
-#include "formats/quants.h"
+#include "x86/x86.h"
 
 #include <stddef.h>
 
@@ -141,9 +141,9 @@ KERNEL_INLINE void tile_rows(int64_t n, const uint8_t *tile, const act_rows *row
         else tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1, fmt);                                \
     }
 
-TILE_KERNEL(tile_q4_1_kernel, FMT_Q4_1)
-TILE_KERNEL(tile_q8_0_kernel, FMT_Q8_0)
-TILE_KERNEL(tile_q5_0_kernel, FMT_Q5_0)
+TILE_KERNEL(vec_dot_q4_1_x16_q8_1_tile, FMT_Q4_1)
+TILE_KERNEL(vec_dot_q8_0_x16_q8_0_tile, FMT_Q8_0)
+TILE_KERNEL(vec_dot_q5_0_x16_q8_0_tile, FMT_Q5_0)
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -151,13 +151,9 @@ TILE_KERNEL(tile_q5_0_kernel, FMT_Q5_0)
 #pragma GCC pop_options
 #endif
 
-const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q4_1_X16] = tile_q4_1_kernel, [PYLLM_TYPE_Q8_0_X16] = tile_q8_0_kernel,
-    [PYLLM_TYPE_Q5_0_X16] = tile_q5_0_kernel,
+const tile_kernel_fn tile_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q4_1_X16] = vec_dot_q4_1_x16_q8_1_tile, [PYLLM_TYPE_Q8_0_X16] = vec_dot_q8_0_x16_q8_0_tile,
+    [PYLLM_TYPE_Q5_0_X16] = vec_dot_q5_0_x16_q8_0_tile,
 };
-
-#else /* not x86-64 with GCC or clang: no tile kernels */
-
-const x16_kernel_fn x16_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {0};
 
 #endif

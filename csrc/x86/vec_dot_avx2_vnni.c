@@ -5,9 +5,9 @@
  * 8-row kernels, which put two activation rows in a 512-bit vector.
  *
  * Built without global -m flags: the kernels get their target by pragma and
- * run only where dispatch.c has seen the CPU features.
+ * run only where backends_x86.c has seen the CPU features.
  */
-#include "formats/quants.h"
+#include "x86/x86.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -29,13 +29,5 @@
 #else
 #pragma GCC pop_options
 #endif
-
-#else /* not x86-64 with GCC or clang: no kernels of this family */
-
-const vec_dot_fn vec_dot_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
-const vec_dot_rows_fn vec_dot_rows_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
-const vec_dot_rows_fn vec_dot_rows8_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
-const vec_dot_row_fn vec_dot_row_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
-const vec_dot_cols_fn vec_dot_cols_table_avx2_vnni[PYLLM_TYPE_COUNT] = {0};
 
 #endif

@@ -2,7 +2,7 @@
  * vec_dot_avx512.c - the AVX-512 (F/BW/VL/DQ) tier's own kernels: Q2_K, Q3_K, Q5_K and
  * Q6_K on 512-bit vectors, int8 dots by vpmaddubsw + vpmaddwd.
  *
- * Every kernel reproduces vec_dot_generic.c bit for bit (see quants.h):
+ * Every kernel reproduces vec_dot_generic.c bit for bit (see backend/kernel_set.h):
  *   - integer sums are exact for every input byte. The unsigned operand of a
  *     u8 x s8 dot is always weight-derived (<= 128 wherever vpmaddubsw sees
  *     it) and the signed one the raw activation byte (any of -128..127), so
@@ -20,9 +20,9 @@
  * (`make bench-kernels`).
  *
  * Built without global -m flags: the kernels get their target by pragma and
- * run only where dispatch.c has seen the CPU features.
+ * run only where backends_x86.c has seen the CPU features.
  */
-#include "formats/quants.h"
+#include "x86/x86.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -334,9 +334,5 @@ const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT] = {
 #else
 #pragma GCC pop_options
 #endif
-
-#else /* not x86-64 */
-
-const vec_dot_fn vec_dot_table_avx512[PYLLM_TYPE_COUNT] = {0};
 
 #endif
