@@ -153,7 +153,7 @@ int pyllm_vec_dot(int tier, int type, const void *w, const void *act, int64_t n,
     const int status = type_check_row(type, n);
     if (status != PYLLM_OK) return status;
     const pyllm_kernel_set *set = kernel_set(tier, type);
-    if (set == NULL || type_traits(type)->tile_rows > 1) return PYLLM_ERR_TYPE;  /* a tiled layout has no lone rows */
+    if (set == NULL || type_traits(type)->tile_rows > 1) return PYLLM_ERR_TYPE;  /* a tiled layout has no rows of its own */
     *out = set->vec_dot(n, w, act);
     return PYLLM_OK;
 }

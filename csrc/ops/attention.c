@@ -48,8 +48,7 @@ static int64_t read_ahead_bytes(const attention_job *job) {
 /* Asks for the first rows of `bytes` at base + t * stride (t < n, up to PREFETCH_KV_BYTES) into L2, all at once:
  * a windowed decode row's keys, then its values, are each a strided run of lines (one kv head's of every slot)
  * that the prefetchers do not follow, and a step's other weights have long since pushed them out of cache. (A
- * full-attention row's were read through first, read_ahead below: asking again gained nothing, SmolLM2 steps
- * alternated, 4 rows of 40-100 slots -0.6%, of 1000 slots -1.8%, 1 row +0.8%, a control +-1.8%.) */
+ * full-attention row's were read through first, read_ahead below: asking again gained nothing, bench/README.md.) */
 static void prefetch_rows(const fp16_t *base, int64_t stride, int64_t n, int64_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
     if (n * bytes > PREFETCH_KV_BYTES) n = PREFETCH_KV_BYTES / bytes;
@@ -277,9 +276,7 @@ typedef struct {
  * every job in order, split evenly (as the items are), the first read_ahead bytes of its part. A row's items
  * read one kv head's lines of every slot, a strided run the prefetchers do not follow, computing as they go; the
  * step's weights have long pushed them out of cache. Read here, contiguous and with nothing else to do, they come
- * in at the memory's full rate, and the items find them in their own L2. SmolLM2 at 2 threads, with the items'
- * per-thread ranges: attention at 4 rows of 60-124 slots 1.27-1.32 -> 0.78-0.90 ms a step; builds alternated,
- * 4-row decode step 5.75-5.92 -> 5.42 ms, and of 1000 slots 1 row 7.3-7.7 -> 5.6 ms, 4 rows 16.5-19.1 -> 14.0.
+ * in at the memory's full rate, and the items find them in their own L2 (bench/README.md).
  */
 static unsigned read_ahead(const attention_batch *batch, int ith, int nth) {
     int64_t total = 0;

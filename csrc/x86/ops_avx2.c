@@ -38,8 +38,7 @@ static inline float attention_finish(__m256 acc, const float *q, const fp16_t *k
 }
 
 /* Eight keys at a time: eight independent FMA chains, enough to cover the FMA latency (four left the
- * multiply pipes half idle: a 512-token causal prompt's attention, 4 heads of 256, -8-10%), then any last
- * keys one by one. */
+ * multiply pipes half idle: bench/README.md), then any last keys one by one. */
 static void attention_dots_avx2(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out) {
     const int64_t d8 = d / 8 * 8;
     int64_t j = 0;

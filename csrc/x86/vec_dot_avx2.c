@@ -1,5 +1,5 @@
 /*
- * vec_dot_avx2.c - the AVX2 + FMA + F16C kernels of vec_dot_avx2.inc, int8 dots by
+ * vec_dot_avx2.c - the AVX2 + FMA + F16C kernels of vec_dot_avx2*.inc, int8 dots by
  * vpmaddubsw + vpmaddwd: every x86-64 CPU with AVX2 runs them.
  *
  * Built without global -m flags: the kernels get their target by pragma and
@@ -21,6 +21,8 @@
 #define PYLLM_VNNI 0
 #define PYLLM_SFX(name) name##_avx2
 #include "x86/vec_dot_avx2.inc"
+#include "x86/vec_dot_avx2_prepared.inc"
+#include "x86/vec_dot_avx2_kquants.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

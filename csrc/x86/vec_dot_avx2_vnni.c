@@ -1,5 +1,5 @@
 /*
- * vec_dot_avx2_vnni.c - the kernels of vec_dot_avx2.inc with int8 dots by vpdpbusd /
+ * vec_dot_avx2_vnni.c - the kernels of vec_dot_avx2*.inc with int8 dots by vpdpbusd /
  * vpdpwssd (AVX-512 VNNI + VL, which also give the EVEX forms 32 vector registers): the
  * avx512_vnni tier's kernels, on 256-bit vectors, except the 32-element formats' 4- and
  * 8-row kernels, which put two activation rows in a 512-bit vector.
@@ -23,6 +23,8 @@
 #define PYLLM_VNNI 1
 #define PYLLM_SFX(name) name##_avx2_vnni
 #include "x86/vec_dot_avx2.inc"
+#include "x86/vec_dot_avx2_prepared.inc"
+#include "x86/vec_dot_avx2_kquants.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -16,8 +16,8 @@
  * orders (llama.cpp's: 8 lanes chained element by element or block by block, Q4_K
  * per 64-element chunk) gain nothing from 512-bit vectors, so AVX-512 CPUs run
  * the AVX2 kernels for them. CPUs with AVX-512 VNNI run vec_dot_avx2_vnni.c's
- * 256-bit kernels instead of these: on a Zen 4, 4-21% faster for each of the four
- * (`make bench-kernels`).
+ * 256-bit kernels instead of these, faster for each of the four (bench/README.md,
+ * `make bench-kernels`).
  *
  * Built without global -m flags: the kernels get their target by pragma and
  * run only where backends_x86.c has seen the CPU features.
