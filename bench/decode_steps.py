@@ -38,11 +38,11 @@ def main() -> None:
         for rows in counts if rnd % 2 == 0 else counts[::-1]:
             caches = [model.new_cache(args.prompt + args.steps + 1, max(args.prompt, 1)) for _ in range(rows)]
             for cache in caches:
-                model.forward(rng.integers(1, 1000, args.prompt), cache)
+                model.prefill(rng.integers(1, 1000, args.prompt), cache)
             for _ in range(args.steps):
-                batch = [([int(rng.integers(1, 1000))], cache, "last") for cache in caches]
+                steps = [(int(rng.integers(1, 1000)), cache) for cache in caches]
                 started = time.perf_counter()
-                model.forward_batch(batch)
+                model.decode(steps)
                 times[rows].append(time.perf_counter() - started)
     base = statistics.median(times[counts[0]]) / counts[0]
     print(f"{model.file.path.name}, {args.threads} threads, {args.rounds} rounds of {args.steps} steps, "

@@ -252,9 +252,8 @@ class Model:
 
     def decode(self, steps: Sequence[tuple[int, KVCache]]) -> np.ndarray:
         """One decode step: each sequence's next token (continuing its own cache), all in one batch.
-        Returns (len(steps), n_vocab) logits, each row bit-identical to its sequence run alone."""
-        results = self.forward_batch([([token], cache, Logits.LAST) for token, cache in steps])
-        return np.stack(results)  # type: ignore[arg-type]
+        Returns (len(steps), n_vocab) logits, row i step i's, each bit-identical to its sequence run alone."""
+        return self._forward(self._segments([([token], cache, Logits.LAST) for token, cache in steps]))
 
     def forward_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache, Logits | str]]) -> list[np.ndarray | None]:
         """One forward pass over the rows of several sequences, each continuing its own cache.
@@ -264,6 +263,19 @@ class Model:
         Each sequence's logits are bit-identical to running it alone.
         """
         segments = self._segments(seqs)
+        out = self._forward(segments)
+        results: list[np.ndarray | None] = [None] * len(segments)
+        start = 0
+        for j, seg in enumerate(segments):
+            n = len(seg.wanted())
+            if n:
+                results[j] = out[start:start + n] if seg.logits == Logits.ALL else out[start]
+                start += n
+        return results
+
+    def _forward(self, segments: list[_Segment]) -> np.ndarray:
+        """The batch through every layer, each sequence's cache advanced; the logits of the rows the segments ask
+        for, (n_wanted, n_vocab) in segment order (the output norm and matrix run on those rows alone)."""
         all_tokens = np.concatenate([seg.tokens for seg in segments])
         self._check_ids(all_tokens)
         x = self.embed(all_tokens)
@@ -275,10 +287,16 @@ class Model:
             self._c_blocks.forward(x, segments, self.n_threads)
         for seg in segments:
             seg.cache.n_used += len(seg.tokens)
-        return self._logits(x, segments)
+        picked = [row for seg in segments for row in seg.wanted()]
+        if not picked:
+            return np.empty((0, self.n_vocab), np.float32)
+        h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
+        return self._matmul(self.weights.output, h)
 
     def _segments(self, seqs: Sequence[tuple[Sequence[int], KVCache, Logits | str]]) -> list[_Segment]:
         """The batch's sequences as segments of its rows, each checked against its cache."""
+        if not seqs:
+            raise ValueError("no sequences in the batch")
         segments = []
         row = 0
         for tokens, cache, logits in seqs:
@@ -310,23 +328,6 @@ class Model:
             low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= n_vocab_in:
             raise ValueError(f"token id out of range [0, {n_vocab_in})")
-
-    def _logits(self, x: np.ndarray, segments: list[_Segment]) -> list[np.ndarray | None]:
-        """The output norm and matrix over just the rows whose logits are asked for, handed back per segment."""
-        wanted = [seg.wanted() for seg in segments]
-        picked = [row for rows in wanted for row in rows]
-        results: list[np.ndarray | None] = [None] * len(segments)
-        if not picked:
-            return results
-        h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
-        out = self._matmul(self.weights.output, h)
-        start = 0
-        for j, (seg, rows) in enumerate(zip(segments, wanted, strict=True)):
-            if seg.logits != Logits.NONE:
-                part = out[start:start + len(rows)]
-                results[j] = part if seg.logits == Logits.ALL else part[0]
-                start += len(rows)
-        return results
 
     def _block_reference(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray,
                          segments: list[_Segment]) -> np.ndarray:

@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType as Q
 from pyllm import kernels
 from pyllm.arch import FAMILIES, ArchitectureError
 from pyllm.gguf import GGUFFile
-from pyllm.model import ContextFullError, Model
+from pyllm.model import ContextFullError, Logits, Model
 
 WINDOW = 4
 
@@ -314,6 +314,29 @@ def test_a_batch_of_several_sequences_gives_each_its_own_bits(tmp_path: Path, ar
     np.testing.assert_array_equal(out[0].view(np.uint32), alone[0][-1].view(np.uint32))
     np.testing.assert_array_equal(out[1].view(np.uint32), alone[2].view(np.uint32))
     np.testing.assert_array_equal(out[2].view(np.uint32), alone[1][-1].view(np.uint32))
+
+
+def test_prefill_and_decode_are_the_batches_they_name(tmp_path: Path) -> None:
+    """Model.prefill is one sequence's prompt (Model.forward by its old name), Model.decode one step of several
+    sequences in one batch: each sequence's logits the bits of running it alone; Logits values and their strings are
+    the same request."""
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", Q.Q4_0, seed=4)
+    prompts = [TOKENS[:5], TOKENS[2:9], TOKENS[::-1][:4]]
+    with GGUFFile(path) as f:
+        model = Model(f, n_threads=2)
+        assert Model.forward is Model.prefill
+        alone = [model.prefill(p + [7], model.new_cache(32), logits=Logits.ALL)[-1] for p in prompts]
+        caches = [model.new_cache(32) for _ in prompts]
+        for prompt, cache in zip(prompts, caches, strict=True):
+            last = model.prefill(prompt, cache, logits="last")
+            assert last.shape == (model.n_vocab,)
+        steps = model.decode([(7, cache) for cache in caches])
+        assert steps.shape == (len(prompts), model.n_vocab)
+        assert [cache.n_used for cache in caches] == [len(p) + 1 for p in prompts]
+        with pytest.raises(ValueError, match="logits must be"):
+            model.forward_batch([([1], model.new_cache(8), "first")])
+    for got, want in zip(steps, alone, strict=True):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("weight_type", [Q.Q4_1, Q.Q4_K], ids=lambda t: t.name)
