@@ -213,7 +213,7 @@ def _spm_vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def _bpe_vocab() -> tuple[list[str], list[str]]:
-    from pyllm.tokenizer import _BYTE_CHARS
+    from pyllm.text.tokenizer import _BYTE_CHARS
 
     merges = ["h i", "Ġ t", "h e", "Ġt he", "r e", "Ġthe re", "Ġ h", "Ġh i"]
     return [*_BYTE_CHARS, *(m.replace(" ", "") for m in merges), "<|end|>", "<|start|>"], merges

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from .gguf import GGUFError, metadata_bool, metadata_int, metadata_str
+from ..gguf import GGUFError, metadata_bool, metadata_int, metadata_str
+from ..strings import StringArray
 from .pretokenizers import PRE_TOKENIZERS, UNSUPPORTED_PRE, PreTokenizer
-from .strings import StringArray
 
 __all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError", "VocabularyError"]
 

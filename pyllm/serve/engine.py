@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kvcache import KVCache
+from ..kvcache import KVCache
+from ..model import ContextFullError, Model
+from ..sampling import Sampler, SamplingError, SamplingParams
+from ..text.tokenizer import Tokenizer
 from .metrics import Metrics
-from .model import ContextFullError, Model
 from .prefix_cache import PrefixCache
-from .sampling import Sampler, SamplingError, SamplingParams
-from .tokenizer import Tokenizer
 
 
 class QueueFullError(RuntimeError):
@@ -70,7 +70,7 @@ class Request:
     """A submitted generation: iterate it for its Steps (or take its events with next_event). Thread-safe to
     cancel from anywhere. `on_event`, when set, is called on the engine's thread once events it posted can be
     read (after a step's sampling, when the next step is about to run; an event loop's wake-up: see
-    pyllm/server.py); iterating needs no such call."""
+    pyllm/serve/server.py); iterating needs no such call."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None) -> None:
         self.prompt = prompt

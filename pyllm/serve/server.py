@@ -35,11 +35,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import params as check
+from .. import params as check
+from ..llama import CompletionStream, Llama
+from ..params import ParamError
 from .engine import EngineClosedError, EngineFailedError, QueueFullError, RequestFailedError
-from .llama import CompletionStream, Llama
 from .metrics import Metrics
-from .params import ParamError
 
 _Body = TypeVar("_Body", bound=BaseModel)
 log = logging.getLogger("pyllm.server")
