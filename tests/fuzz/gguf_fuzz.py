@@ -451,7 +451,7 @@ class Mutator:
                 try:
                     what.append(lie(recipe))
                 except Exception:  # the fuzzer's bug, not pyllm's: recorded (the CI test asserts none), skipped
-                    self.failures.append(traceback.format_exc(limit=-2))
+                    self.failures.append(traceback.format_exc(limit=-3))
                     return self.file()
             with tempfile.NamedTemporaryFile(suffix=".gguf") as tmp:
                 try:
@@ -530,7 +530,7 @@ class Mutator:
             ints += [current - 1, current + 1, current * 2, current // 2, current * 3 + 1]
         choice = self.rng.random()
         if choice < 0.5:
-            value = self.pick(ints)
+            value = self.pick([v for v in ints if -2**63 <= v < 2**64])  # what some GGUF integer type holds
             fits = [t for t, lo, hi in ((V.UINT8, 0, 255), (V.INT8, -128, 127), (V.UINT16, 0, 65535),
                                         (V.INT16, -32768, 32767), (V.UINT32, 0, 2**32 - 1),
                                         (V.INT32, -2**31, 2**31 - 1), (V.UINT64, 0, 2**64 - 1),
