@@ -50,7 +50,8 @@ test-asan: $(addprefix csrc/tests/,$(addsuffix _asan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; ./$$t || exit 1; done
 
 # The C core built a second time under ASan + UBSan (into build/asan-py, the Python sources linked beside it),
-# driven from Python: forward passes of each architecture's tiny model and a hostile file's refusal. -O0: the
+# driven from Python: forward passes of each architecture's tiny model, a hostile file's refusal, and 1000 files
+# of the loader fuzzer (each loaded and run on this build: a sanitizer's report is a crash). -O0: the
 # SIMD files take minutes to build at -O1 under the sanitizers, the whole build 20 s at -O0.
 ASAN_PY = build/asan-py
 test-asan-py:
@@ -61,6 +62,7 @@ test-asan-py:
 	ln -s $(abspath $(wildcard pyllm/*.py)) $(ASAN_PY)/pyllm/
 	LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	    PYTHONPATH=$(ASAN_PY) $(PYTHON) tests/sanitized_forward.py $(ASAN_PY)
+	$(PYTHON) -m tests.fuzz.gguf_fuzz --files 1000 --seed 3 --sanitized $(ASAN_PY)
 
 # ns per 4096-element row of every vec_dot kernel, per tier (one thread)
 bench-kernels: csrc/tests/test_simd_stress

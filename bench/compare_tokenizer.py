@@ -23,7 +23,7 @@ from pathlib import Path
 import llama_cpp
 
 from pyllm.gguf import GGUFFile
-from pyllm.tokenizer import Tokenizer
+from pyllm.text.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = ROOT.parent / "shared" / "vocab"

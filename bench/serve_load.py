@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 from pyllm import catalogue
 from pyllm.gguf import GGUFFile
-from pyllm.tokenizer import Tokenizer
+from pyllm.text.tokenizer import Tokenizer
 
 TOPICS = ["the history of the printing press", "how bread rises", "why the sky is blue", "the life of honeybees",
           "how a bicycle stays upright", "the water cycle", "the first steam engines", "how vaccines work"]

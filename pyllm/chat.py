@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import Request
     from .llama import Llama
+    from .serve.engine import Request
 
 # A base model's completion has no end-of-turn to stop at: at most this many tokens unless -n says otherwise.
 BASE_MODEL_MAX_TOKENS = 256
@@ -278,7 +278,7 @@ class ChatSession:
         if not arg:
             self.error("/load needs a file name")
             return
-        from .chat_template import validate_messages
+        from .text.chat_template import validate_messages
 
         path = Path(arg).expanduser()
         try:

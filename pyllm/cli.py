@@ -258,7 +258,7 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     import uvicorn
 
     from .llama import Llama
-    from .server import create_app, header_timeout_protocol, shutdown_ending_requests
+    from .serve.server import create_app, header_timeout_protocol, shutdown_ending_requests
 
     try:  # the port first: a port in use is one line, before the model loads
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,

@@ -44,6 +44,7 @@ __all__ = [
     "GGUF_MAGIC",
     "MAX_ARRAY_DEPTH",
     "MAX_DIMS",
+    "MIN_ALIGNMENT",
     "REQUIRED",
     "SUPPORTED_VERSIONS",
     "TYPE_TRAITS",
@@ -61,6 +62,10 @@ __all__ = [
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+# The GGUF spec's least alignment. The kernels read a tensor's blocks and floats in place, as C structs and
+# floats, which must sit at addresses of their own alignment (2 or 4 bytes): an alignment of 1 put a Q8_0
+# matrix at an odd address (undefined behaviour, UBSan's report).
+MIN_ALIGNMENT = 8
 MAX_DIMS = 4
 # A metadata value may be an array of arrays, but no deeper.
 MAX_ARRAY_DEPTH = 2
@@ -539,6 +544,8 @@ class GGUFFile:
         alignment = self.metadata[key]
         if alignment == 0 or alignment & (alignment - 1):
             raise cur.error(f"{key} = {alignment} is not a nonzero power of two")
+        if alignment < MIN_ALIGNMENT:
+            raise cur.error(f"{key} = {alignment} is below {MIN_ALIGNMENT} (the GGUF spec asks for a multiple of 8)")
         return alignment
 
     def _parse_tensor_infos(self, cur: _Cursor, n_tensors: int) -> list[tuple[str, int, tuple[int, ...], int]]:

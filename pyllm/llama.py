@@ -4,7 +4,7 @@
     llm = Llama()                                  # the default catalogue model
     llm.create_chat_completion([{"role": "user", "content": "Hi!"}])["choices"][0]["message"]["content"]
 
-One Llama holds one model and an engine (pyllm.engine) that runs its
+One Llama holds one model and an engine (pyllm.serve.engine) that runs its
 generations: up to n_parallel at once, batched, from any number of threads. A
 new prompt continues from the longest prefix of it that the prefix cache holds
 (a chat's earlier turns, a shared system prompt), so only the new tokens are
@@ -25,15 +25,15 @@ import numpy as np
 from . import catalogue
 from . import params as check
 from .arch import context_length
-from .chat_template import ChatTemplateError, render_chat_bounded, validate_messages
-from .engine import FINISHED, Engine, Request, Step
 from .gguf import GGUFFile
 from .kvcache import KVCache
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Model
 from .params import ParamError, ParamTypeError
 from .sampling import SamplingParams
-from .tokenizer import StreamDecoder, Tokenizer
+from .serve.engine import FINISHED, Engine, Request, Step
+from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
+from .text.tokenizer import StreamDecoder, Tokenizer
 
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pyllm.chat_template import (
+from pyllm.gguf import GGUFFile
+from pyllm.text.chat_template import (
     BUILTIN_TEMPLATES,
     ChatTemplateError,
     builtin_for_family,
@@ -16,7 +17,6 @@ from pyllm.chat_template import (
     render_chat,
     validate_messages,
 )
-from pyllm.gguf import GGUFFile
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},

@@ -11,11 +11,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from test_model import WINDOW, write_tiny_model
 
-from pyllm.engine import Engine, EngineFailedError, QueueFullError, RequestFailedError
 from pyllm.gguf import GGUFFile
 from pyllm.model import Model
-from pyllm.prefix_cache import PrefixCache
 from pyllm.sampling import SamplingParams
+from pyllm.serve.engine import Engine, EngineFailedError, QueueFullError, RequestFailedError
+from pyllm.serve.prefix_cache import PrefixCache
 
 EOG = 0
 GREEDY = SamplingParams(temperature=0, logit_bias={EOG: float("-inf")})  # runs to max_tokens

@@ -416,6 +416,9 @@ CORPUS: dict[str, tuple[Callable[[], bytes], str]] = {
     "alignment 48": (
         _built([("general.alignment", VT.UINT32, 48)], TENSORS, alignment=48), "48 is not a nonzero power of two"
     ),
+    # tensors at odd addresses: the kernels' blocks and floats would be read misaligned
+    "alignment 1": (_built([("general.alignment", VT.UINT32, 1)], TENSORS, alignment=1), "1 is below 8"),
+    "alignment 4": (_built([("general.alignment", VT.UINT32, 4)], TENSORS, alignment=4), "4 is below 8"),
     "arrays nested 3 deep": (
         _built([("deep", VT.ARRAY, (VT.ARRAY, [(VT.ARRAY, [(VT.UINT8, [1])])]))], []), "nests arrays deeper than 2"
     ),

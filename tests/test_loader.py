@@ -28,7 +28,7 @@ from pyllm.cli import main
 from pyllm.gguf import GGUFError, GGUFFile
 from pyllm.kernels import KernelError
 from pyllm.model import Model, _CBlocks
-from pyllm.tokenizer import TokenizerError
+from pyllm.text.tokenizer import TokenizerError
 
 ROOT = Path(__file__).resolve().parents[1]
 N_EMBD, HEAD_DIM, N_FF = 64, 16, 96  # small_model's

@@ -15,9 +15,9 @@ import openai
 import pytest
 import uvicorn
 
-from pyllm import server as server_module
 from pyllm.llama import Llama
-from pyllm.server import create_app, header_timeout_protocol
+from pyllm.serve import server as server_module
+from pyllm.serve.server import create_app, header_timeout_protocol
 
 API_KEY = "test-key"
 MODEL = "smollm2"

@@ -1,4 +1,4 @@
-"""Tests for pyllm.tokenizer: the ids llama.cpp gives, for every string.
+"""Tests for pyllm.text.tokenizer: the ids llama.cpp gives, for every string.
 
 Three sources of truth, none of them pyllm itself:
 - llama.cpp's tokenizer test vectors (``../shared/vocab``: Llama 2 SPM, GPT-2, Llama 3 BPE);
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from pyllm.gguf import GGUFFile
-from pyllm.pretokenizers import PRE_TOKENIZERS, unicode_class
-from pyllm.tokenizer import StreamDecoder, TokenAttr, Tokenizer, TokenizerError
+from pyllm.text.pretokenizers import PRE_TOKENIZERS, unicode_class
+from pyllm.text.tokenizer import StreamDecoder, TokenAttr, Tokenizer, TokenizerError
 
 
 def _vocab_dir() -> Path:

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from .gguf import GGUFError, metadata_bool, metadata_int, metadata_str
+from ..gguf import GGUFError, metadata_bool, metadata_int, metadata_str
+from ..strings import StringArray
 from .pretokenizers import PRE_TOKENIZERS, UNSUPPORTED_PRE, PreTokenizer
-from .strings import StringArray
 
 __all__ = ["StreamDecoder", "TokenAttr", "Tokenizer", "TokenizerError", "VocabularyError"]
 
@@ -329,10 +329,30 @@ class Tokenizer:
 
     def __init__(self, metadata: Mapping[str, Any], *, source: str = "tokenizer") -> None:
         self._source = source
+        self._read_model(metadata)
+        self._read_vocabulary(metadata)
+        ids = self._read_kind(metadata)
+        self._read_special_ids(metadata, ids)
+        self._find_special_tokens(ids)
 
-        def get(key: str, default: Any = None) -> Any:
-            return metadata.get(key, default)
+        def text(key: str) -> str:  # names that only pick per-model quirks: any other value picks none
+            value = metadata.get(key)
+            return value if isinstance(value, str) else ""
 
+        self._mark_strip_attrs(text("general.name"), text("tokenizer.ggml.pre"), text("general.architecture"))
+        specials = [i for i, a in enumerate(self._attrs) if a & (_CONTROL | _USER_DEFINED | _UNKNOWN)]
+        specials.sort(key=lambda i: -len(self._texts[i].encode("utf-8")))
+        entries = [(self._texts[i], i, self._attrs[i]) for i in specials]
+        self._specials_all = _SpecialTable(entries)
+        self._specials_user = _SpecialTable([e for e in entries if not e[2] & (_CONTROL | _UNKNOWN)])
+
+        self.chat_template: str | None = metadata_str(metadata, "tokenizer.chat_template", None, error=self._error)
+        self._pieces: dict[int, bytes] = {}  # the rendered tokens so far
+        self._byte_ids: list[int | None] | None = None
+        self._bpe_word = functools.lru_cache(maxsize=1 << 16)(self._bpe_word_uncached)
+
+    def _read_model(self, metadata: Mapping[str, Any]) -> None:
+        """tokenizer.ggml.model: "llama" (SentencePiece-style) or "gpt2" (byte-level BPE)."""
         model = metadata_str(metadata, "tokenizer.ggml.model", None, error=self._error)
         if model is None:
             raise self._error("no tokenizer.ggml.model in the metadata")
@@ -346,9 +366,12 @@ class Tokenizer:
             raise self._error(f"unknown tokenizer model {model!r}")
         self.is_spm = self.model == "llama"
 
-        texts = _string_array(get("tokenizer.ggml.tokens"))
+    def _read_vocabulary(self, metadata: Mapping[str, Any]) -> None:
+        """The tokens' texts, scores and types."""
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        texts = _string_array(tokens)
         if texts is None:
-            if get("tokenizer.ggml.tokens") is None:
+            if tokens is None:
                 raise self._error("no tokenizer.ggml.tokens in the metadata")
             raise self._error("tokenizer.ggml.tokens is not an array of strings")
         n = len(texts)
@@ -358,7 +381,7 @@ class Tokenizer:
         empty = np.flatnonzero(texts.lengths() == 0)
         if len(empty):
             for i in empty:
-                log.warning("%s: empty token at index %d", source, i)
+                log.warning("%s: empty token at index %d", self._source, i)
             texts = StringArray.from_strings(t or f"[EMPTY_{i}]" for i, t in enumerate(texts))
         # the vocabulary: id -> text, and text -> id through its index (no str or dict entry per token)
         self._texts = texts
@@ -366,7 +389,7 @@ class Tokenizer:
         if repeat >= 0:  # llama.cpp refuses such a vocabulary too
             raise self._error(f"token text {texts[repeat]!r} appears more than once in tokenizer.ggml.tokens")
 
-        scores = get("tokenizer.ggml.scores")
+        scores = metadata.get("tokenizer.ggml.scores")
         if scores is not None and (scores := _number_array(scores, integers=False)) is None:
             raise self._error("tokenizer.ggml.scores is not an array of numbers")
         if scores is not None and len(scores) < n:
@@ -374,7 +397,7 @@ class Tokenizer:
         # float32, as GGUF stores them and llama.cpp keeps them
         self._scores = array("f", bytes(4 * n) if scores is None else np.asarray(scores[:n], np.float32).tobytes())
 
-        types = get("tokenizer.ggml.token_type")
+        types = metadata.get("tokenizer.ggml.token_type")
         if types is None:
             attrs = array("i", [_NORMAL]) * n
         else:
@@ -385,7 +408,9 @@ class Tokenizer:
             attrs = array("i", (_TYPE_ATTR.get(t, 0) for t in types[:n].tolist()))
         self._attrs = attrs
 
-        # -- kind-specific defaults (llama_vocab::impl::load) --
+    def _read_kind(self, metadata: Mapping[str, Any]) -> dict[str, int | None]:
+        """The vocabulary kind's defaults (llama_vocab::impl::load), the BPE merges and pre-tokenizer, and the
+        file's flags over them; returns the default special ids."""
         ids: dict[str, int | None] = dict.fromkeys(
             ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask",
              "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"))
@@ -398,23 +423,7 @@ class Tokenizer:
             self.add_bos = True
             self.clean_spaces = False
         else:
-            if get("tokenizer.ggml.merges") is None:
-                raise self._error("no tokenizer.ggml.merges in the metadata (a gpt2 vocabulary needs them)")
-            merges = _string_array(get("tokenizer.ggml.merges"))
-            if merges is None:
-                raise self._error("tokenizer.ggml.merges is not an array of strings")
-            self._merges = merges  # a merge's rank is its first index
-            pre = metadata_str(metadata, "tokenizer.ggml.pre", None, error=self._error)
-            if not pre:
-                log.warning("%s: no tokenizer.ggml.pre, using the 'default' pre-tokenizer "
-                            "(generation quality may suffer; llama.cpp does the same)", source)
-                pre = "default"
-            if pre in UNSUPPORTED_PRE:
-                raise self._error(f"pre-tokenizer {pre!r} is not supported by pyllm")
-            pre_tok = PRE_TOKENIZERS.get(pre)
-            if pre_tok is None:
-                raise self._error(f"unknown pre-tokenizer type {pre!r} (tokenizer.ggml.pre)")
-            self._pre, self.pre = pre_tok, pre
+            pre_tok = self._read_bpe(metadata)
             ids.update(bos=11, eos=11)
             if pre_tok.no_bos:
                 ids["bos"] = None
@@ -427,10 +436,37 @@ class Tokenizer:
         # read for completeness: llama.cpp applies it only to UGM (T5) vocabularies
         self.remove_extra_whitespaces = metadata_bool(metadata, "tokenizer.ggml.remove_extra_whitespaces", False,
                                                       error=self._error)
+        return ids
 
+    def _read_bpe(self, metadata: Mapping[str, Any]) -> PreTokenizer:
+        """A gpt2 vocabulary's merges (a merge's rank is its first index) and its pre-tokenizer."""
+        if metadata.get("tokenizer.ggml.merges") is None:
+            raise self._error("no tokenizer.ggml.merges in the metadata (a gpt2 vocabulary needs them)")
+        merges = _string_array(metadata.get("tokenizer.ggml.merges"))
+        if merges is None:
+            raise self._error("tokenizer.ggml.merges is not an array of strings")
+        self._merges = merges
+        pre = metadata_str(metadata, "tokenizer.ggml.pre", None, error=self._error)
+        if not pre:
+            log.warning("%s: no tokenizer.ggml.pre, using the 'default' pre-tokenizer "
+                        "(generation quality may suffer; llama.cpp does the same)", self._source)
+            pre = "default"
+        if pre in UNSUPPORTED_PRE:
+            raise self._error(f"pre-tokenizer {pre!r} is not supported by pyllm")
+        pre_tok = PRE_TOKENIZERS.get(pre)
+        if pre_tok is None:
+            raise self._error(f"unknown pre-tokenizer type {pre!r} (tokenizer.ggml.pre)")
+        self._pre, self.pre = pre_tok, pre
+        return pre_tok
+
+    def _read_special_ids(self, metadata: Mapping[str, Any], ids: dict[str, int | None]) -> None:
+        """The file's special token ids over the kind's defaults (out-of-range ones warned about and ignored), and
+        its add_bos / add_eos flags."""
+        n = self.n_vocab
         for name, value in ids.items():
             if value is not None and value >= n:
-                log.warning("%s: default special token %s = %d is out of range, disabling it", source, name, value)
+                log.warning("%s: default special token %s = %d is out of range, disabling it", self._source, name,
+                            value)
                 ids[name] = None
         for name, key in _SPECIAL_ID_KEYS:
             value = metadata_int(metadata, f"tokenizer.ggml.{key}", None, lo=-(1 << 63), hi=(1 << 64) - 1,
@@ -438,30 +474,12 @@ class Tokenizer:
             if value is None:
                 continue
             if not 0 <= value < n:
-                log.warning("%s: bad special token tokenizer.ggml.%s = %d, keeping %s", source, key, value, ids[name])
+                log.warning("%s: bad special token tokenizer.ggml.%s = %d, keeping %s", self._source, key, value,
+                            ids[name])
             else:
                 ids[name] = value
         self.add_bos = metadata_bool(metadata, "tokenizer.ggml.add_bos_token", self.add_bos, error=self._error)
         self.add_eos = metadata_bool(metadata, "tokenizer.ggml.add_eos_token", self.add_eos, error=self._error)
-
-        self._find_special_tokens(ids)
-
-        def text(key: str) -> str:  # names that only pick per-model quirks: any other value picks none
-            value = get(key)
-            return value if isinstance(value, str) else ""
-
-        self._mark_strip_attrs(text("general.name"), text("tokenizer.ggml.pre"), text("general.architecture"))
-
-        specials = [i for i, a in enumerate(self._attrs) if a & (_CONTROL | _USER_DEFINED | _UNKNOWN)]
-        specials.sort(key=lambda i: -len(self._texts[i].encode("utf-8")))
-        entries = [(self._texts[i], i, self._attrs[i]) for i in specials]
-        self._specials_all = _SpecialTable(entries)
-        self._specials_user = _SpecialTable([e for e in entries if not e[2] & (_CONTROL | _UNKNOWN)])
-
-        self.chat_template: str | None = metadata_str(metadata, "tokenizer.chat_template", None, error=self._error)
-        self._pieces: dict[int, bytes] = {}  # the rendered tokens so far
-        self._byte_ids: list[int | None] | None = None
-        self._bpe_word = functools.lru_cache(maxsize=1 << 16)(self._bpe_word_uncached)
 
     # -- construction helpers --
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from .kvcache import KVCache
-from .model import Model
+from ..kvcache import KVCache
+from ..model import Model
 
 
 @dataclass

@@ -35,11 +35,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import params as check
+from .. import params as check
+from ..llama import CompletionStream, Llama
+from ..params import ParamError
 from .engine import EngineClosedError, EngineFailedError, QueueFullError, RequestFailedError
-from .llama import CompletionStream, Llama
 from .metrics import Metrics
-from .params import ParamError
 
 _Body = TypeVar("_Body", bound=BaseModel)
 log = logging.getLogger("pyllm.server")
@@ -380,38 +380,21 @@ def shutdown_ending_requests(server, engine) -> None:
 # ---- the app ------------------------------------------------------------------------------------------
 
 
-def create_app(llm: Llama, *, model_name: str, api_key: str | None = None, other_names: tuple[str, ...] = (),
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
-    """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name` (the id
-    /v1/models lists and responses carry), "default" and `other_names` (e.g. the catalogue name it was started by).
-    Bodies over max_body_bytes get 413; allowed_hosts: Host names answered without an API key besides this
-    machine's addresses and localhost ("*": any)."""
-    app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
-    engine = llm.engine
-    metrics = engine.metrics
-    started = int(time.time())
-    app.add_middleware(_Gate, api_key=api_key, metrics=metrics, max_body_bytes=max_body_bytes,
-                       allowed_hosts=frozenset(h.lower() for h in allowed_hosts))
+class _Handlers:
+    """The endpoints of one app: each parses, checks and starts its request in a worker thread (`run`), the
+    event loop only passing bytes."""
 
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error_response(exc.status, exc.message, exc.code, exc.kind, exc.param)
+    def __init__(self, llm: Llama, model_name: str, other_names: tuple[str, ...]) -> None:
+        self.llm, self.model_name, self.names = llm, model_name, (model_name, "default", *other_names)
+        self.engine = llm.engine
+        self.started = int(time.time())
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error_response(exc.status_code, str(exc.detail), None)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error")
-        return _error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", "server_error")
-
-    def check_model(name: str | None) -> None:
-        if name is not None and name not in (model_name, "default", *other_names):
-            raise APIError(404, f"the model {name!r} does not exist; this server has {model_name!r}", "model",
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.names:
+            raise APIError(404, f"the model {name!r} does not exist; this server has {self.model_name!r}", "model",
                            "model_not_found")
 
-    async def run(request: Request, call: Callable[[bytes], Any]) -> Any:
+    async def run(self, request: Request, call: Callable[[bytes], Any]) -> Any:
         """call(body) in a worker thread, the engine's and the API's refusals as HTTP errors."""
         raw = await request.body()
         try:
@@ -427,85 +410,117 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None, other
         except RequestFailedError as exc:
             raise APIError(500, str(exc), None, "request_failed", "server_error") from None
 
-    def respond(request: Request, result: dict[str, Any] | CompletionStream, include_usage: bool):
+    @staticmethod
+    def respond(request: Request, result: dict[str, Any] | CompletionStream, include_usage: bool) -> Response:
         if isinstance(result, dict):
             request.scope["pyllm"]["timings"] = result.get("timings")
             return JSONResponse(result)
         request.scope["pyllm"]["request"] = result.request
         return _EventStream(result, include_usage)
 
-    def start_completion(raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
+    def start_completion(self, raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
         body = parse(raw, CompletionBody)
-        check_model(body.model)
+        self.check_model(body.model)
         body.refuse_unsupported()
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise APIError(400, "prompt: one prompt per request (a string, or a list of one string)", "prompt")
             prompt = prompt[0]
-        result = llm.create_completion(prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, echo=body.echo,
-                                       stream=body.stream, model=model_name, context_shift=False,
-                                       **body.sampling_kwargs())
+        result = self.llm.create_completion(prompt, max_tokens=body.max_tokens, logprobs=body.logprobs,
+                                            echo=body.echo, stream=body.stream, model=self.model_name,
+                                            context_shift=False, **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
-    def start_chat(raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
+    def start_chat(self, raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
         body = parse(raw, ChatBody)
-        check_model(body.model)
+        self.check_model(body.model)
         body.refuse_unsupported()
         if not body.messages:
             raise APIError(400, "messages: give at least one message", "messages")
         messages = [{"role": "system" if m.role == "developer" else m.role,
                      "content": m.content if isinstance(m.content, str) or m.content is None
                      else "".join(part.text for part in m.content)} for m in body.messages]
-        result = llm.create_chat_completion(
+        result = self.llm.create_chat_completion(
             messages, max_tokens=body.max_completion_tokens or body.max_tokens, stream=body.stream,
-            logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=model_name, context_shift=False,
+            logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=self.model_name, context_shift=False,
             **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return respond(request, *await run(request, start_completion))
+    def tokenize(self, raw: bytes) -> dict[str, Any]:
+        body = parse(raw, TokenizeBody)
+        content = check.utf8("content", body.content)
+        return {"tokens": self.llm.tokenize(content, add_bos=body.add_special, special=body.parse_special)}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return respond(request, *await run(request, start_chat))
+    def detokenize(self, raw: bytes) -> dict[str, Any]:
+        body = parse(raw, DetokenizeBody)
+        return {"content": self.llm.detokenize(body.tokens).decode("utf-8", "replace")}
 
-    @app.get("/v1/models")
-    async def models():
+    # ---- the routes ----
+
+    async def completions(self, request: Request) -> Response:
+        return self.respond(request, *await self.run(request, self.start_completion))
+
+    async def chat_completions(self, request: Request) -> Response:
+        return self.respond(request, *await self.run(request, self.start_chat))
+
+    async def tokenize_route(self, request: Request) -> dict[str, Any]:
+        return await self.run(request, self.tokenize)
+
+    async def detokenize_route(self, request: Request) -> dict[str, Any]:
+        return await self.run(request, self.detokenize)
+
+    async def models(self) -> dict[str, Any]:
+        llm = self.llm
         meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab(), "n_parallel": llm.n_parallel,
                 "architecture": llm.metadata.get("general.architecture")}
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.started,
                                             "owned_by": "pyllm", "meta": meta}]}
 
-    @app.get("/health")
-    async def health():
+    async def health(self) -> Response:
+        engine = self.engine
         if not engine.healthy:
             reason = str(engine.error) if engine.error is not None else "the engine is shut down"
             return JSONResponse({"status": "error", "error": reason}, status_code=503)
-        return {"status": "ok"}
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
-    async def prometheus():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics(self) -> Response:
+        return PlainTextResponse(self.engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    def tokenize(raw: bytes) -> dict[str, Any]:
-        body = parse(raw, TokenizeBody)
-        content = check.utf8("content", body.content)
-        return {"tokens": llm.tokenize(content, add_bos=body.add_special, special=body.parse_special)}
 
-    def detokenize(raw: bytes) -> dict[str, Any]:
-        body = parse(raw, DetokenizeBody)
-        return {"content": llm.detokenize(body.tokens).decode("utf-8", "replace")}
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return _error_response(exc.status, exc.message, exc.code, exc.kind, exc.param)
 
-    @app.post("/tokenize")
-    async def tokenize_endpoint(request: Request):
-        return await run(request, tokenize)
 
-    @app.post("/detokenize")
-    async def detokenize_endpoint(request: Request):
-        return await run(request, detokenize)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return _error_response(exc.status_code, str(exc.detail), None)
 
+
+async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("internal error")
+    return _error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", "server_error")
+
+
+def create_app(llm: Llama, *, model_name: str, api_key: str | None = None, other_names: tuple[str, ...] = (),
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
+    """The server's ASGI app over `llm` (whose engine sets the parallelism), answering to `model_name` (the id
+    /v1/models lists and responses carry), "default" and `other_names` (e.g. the catalogue name it was started by).
+    Bodies over max_body_bytes get 413; allowed_hosts: Host names answered without an API key besides this
+    machine's addresses and localhost ("*": any)."""
+    app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
+    handlers = _Handlers(llm, model_name, other_names)
+    app.add_middleware(_Gate, api_key=api_key, metrics=handlers.engine.metrics, max_body_bytes=max_body_bytes,
+                       allowed_hosts=frozenset(h.lower() for h in allowed_hosts))
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
+    app.post("/v1/completions")(handlers.completions)
+    app.post("/v1/chat/completions")(handlers.chat_completions)
+    app.post("/tokenize")(handlers.tokenize_route)
+    app.post("/detokenize")(handlers.detokenize_route)
+    app.get("/v1/models")(handlers.models)
+    app.get("/health")(handlers.health)
+    app.get("/metrics")(handlers.metrics)
     return app
 
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kvcache import KVCache
+from ..kvcache import KVCache
+from ..model import ContextFullError, Model
+from ..sampling import Sampler, SamplingError, SamplingParams
+from ..text.tokenizer import Tokenizer
 from .metrics import Metrics
-from .model import ContextFullError, Model
 from .prefix_cache import PrefixCache
-from .sampling import Sampler, SamplingError, SamplingParams
-from .tokenizer import Tokenizer
 
 
 class QueueFullError(RuntimeError):
@@ -70,7 +70,7 @@ class Request:
     """A submitted generation: iterate it for its Steps (or take its events with next_event). Thread-safe to
     cancel from anywhere. `on_event`, when set, is called on the engine's thread once events it posted can be
     read (after a step's sampling, when the next step is about to run; an event loop's wake-up: see
-    pyllm/server.py); iterating needs no such call."""
+    pyllm/serve/server.py); iterating needs no such call."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None) -> None:
         self.prompt = prompt
@@ -156,7 +156,8 @@ class Engine:
         self._wake = threading.Condition()
         self._closed = False
         self.error: EngineFailedError | None = None  # set once the scheduler has failed
-        self._told: dict[Request, None] = {}  # the requests with events not yet told of (_tell), in order
+        # requests with events their listeners have not heard of yet (_notify_listeners), in order
+        self._unnotified: dict[Request, None] = {}
         self._thread = threading.Thread(target=self._run, name="pyllm-engine", daemon=True)
         self._thread.start()
 
@@ -237,12 +238,12 @@ class Engine:
             for request in [*waiting, *(seq.request for seq in self._active)]:
                 request._notify()
             self._active = []
-            self._told.clear()
+            self._unnotified.clear()
 
     def _schedule(self) -> None:
         while True:
             if not self._active:
-                self._tell()  # nothing to compute: the last events go out now
+                self._notify_listeners()  # nothing to compute: the last events go out now
             with self._wake:
                 while not self._closed and not self._waiting and not self._active:
                     self._wake.wait()
@@ -252,7 +253,7 @@ class Engine:
             self._drop_cancelled()
             if self._active:
                 self._step()
-        self._tell()
+        self._notify_listeners()
 
     def _admit(self) -> None:
         """Move waiting requests into free slots (called with the lock held)."""
@@ -284,16 +285,16 @@ class Engine:
             self._finish(seq, "cancelled")
 
     def _post(self, request: Request, event: object) -> None:
-        """Post an event; its request hears of it (Request.on_event) at _tell: when the next step's batch is
-        ready to run, or when there is nothing to run. A listener on another thread (the server's event loop)
+        """Post an event; its request hears of it (Request.on_event) at _notify_listeners: when the next step's
+        batch is ready to run, or when there is nothing to run. A listener on another thread (the server's event loop)
         then takes the GIL while this thread computes, not while it samples the other sequences or builds
         the next batch."""
         request._post(event, notify=False)
-        self._told[request] = None
+        self._unnotified[request] = None
 
-    def _tell(self) -> None:
-        told, self._told = self._told, {}
-        for request in told:
+    def _notify_listeners(self) -> None:
+        pending, self._unnotified = self._unnotified, {}
+        for request in pending:
             request._notify()
 
     def _step(self) -> None:
@@ -320,7 +321,7 @@ class Engine:
             self._fail(seq, exc)
         if not batch:
             return
-        self._tell()
+        self._notify_listeners()
         try:
             results = self.model.forward_batch(batch)
         except Exception as exc:  # noqa: BLE001 - the requests get the error, the engine goes on

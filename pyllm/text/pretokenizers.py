@@ -33,7 +33,7 @@ __all__ = ["PRE_TOKENIZERS", "PreTokenizer", "get_pre_tokenizer", "unicode_class
 # are generated from). Each entry is "<first code point, hex><class>"; the class holds up to
 # the next entry. Classes: L letter, N number, P punctuation, M mark, S symbol, w whitespace
 # (the White_Space property), o anything else. Regenerate with Python 3.13 (Unicode 15.1):
-#     python3.13 pyllm/pretokenizers.py
+#     python3.13 pyllm/text/pretokenizers.py
 _UCD_RUNS = (
     "80o 85w 86o a0w a1P a2S a7P a8S aaL abP acS ado aeS b2N b4S b5L b6P b8S b9N baL bbP bcN bfP c0L d7S d8L f7S "
     "f8L 2c2S 2c6L 2d2S 2e0L 2e5S 2ecL 2edS 2eeL 2efS 300M 370L 375S 376L 378o 37aL 37eP 37fL 380o 384S 386L 387P "

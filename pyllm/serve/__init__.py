@@ -1,0 +1,2 @@
+"""Serving: the engine (one scheduler thread, continuous batching), the prefix cache, the HTTP server and its
+metrics."""
