@@ -20,4 +20,10 @@ static int passed, failed;
         }                                        \
     } while (0)
 
+/* The last line of a test program: the counts, and its exit status. */
+static inline int check_report(void) {
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
+
 #endif /* PYLLM_TEST_CHECK_H */

@@ -618,6 +618,5 @@ int main(void) {
     test_row_kernels_agree();
     test_grouped_q5_0_is_q5_0();
     test_interleaved_is_plain();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report();
 }

@@ -606,6 +606,5 @@ int main(void) {
     test_top_k();
     test_string_index();
     test_scratch();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report();
 }
