@@ -88,6 +88,7 @@ struct pyllm_kernel_set {
     int type;                       /* the weights' layout: a weight type, or a pyllm layout of one */
     int plain_type;                 /* the format of their values (traits plain_type) */
     int act_type;                   /* the activation format (traits vec_dot_type) */
+    const pyllm_type_traits *traits, *act_traits;  /* type's and act_type's */
     quantize_row_fn quantize_act;   /* x (n floats) -> an activation row: the tier's, in llama.cpp's rounding */
     vec_dot_fn vec_dot;             /* plain_type's; a tiled layout's rows go to it rebuilt (tile_gather_row) */
     vec_dot_rows_fn rows4, rows8;

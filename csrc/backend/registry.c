@@ -70,6 +70,8 @@ static void build_set(int tier, int type) {
     set->type = type;
     set->plain_type = t->plain_type;
     set->act_type = t->vec_dot_type;
+    set->traits = t;
+    set->act_traits = type_traits(t->vec_dot_type);
     set->quantize_act = act_quantizer(registry.ops[tier].ops, t->vec_dot_type);
 }
 

@@ -56,12 +56,12 @@ static void size_scratch(matmul_plan *plan) {
 int matmul_plan_make(matmul_plan *plan, const pyllm_kernel_set *ks, const matmul_weight *weights, int n_weights,
                      int64_t k, const float *x, int64_t m, int n_threads) {
     if (ks == NULL) return PYLLM_ERR_TYPE;
-    const pyllm_type_traits *t = type_traits(ks->type);
+    const pyllm_type_traits *t = ks->traits, *act = ks->act_traits;
     if (n_weights < 1 || n_weights > MATMUL_MAX_WEIGHTS || k <= 0 || m <= 0) return PYLLM_ERR_SHAPE;
-    if (k % t->block_size != 0 || k % type_traits(ks->act_type)->block_size != 0) return PYLLM_ERR_SHAPE;
+    if (k % t->block_size != 0 || k % act->block_size != 0) return PYLLM_ERR_SHAPE;
     *plan = (matmul_plan){.ks = ks, .phase = pyllm_phase_of(m), .tiled = t->tile_rows > 1, .x = x, .m = m, .k = k,
-                          .weights = weights, .n_weights = n_weights, .w_row_bytes = type_row_bytes(ks->type, k),
-                          .act_row_bytes = activation_row_bytes(ks->type, k)};
+                          .weights = weights, .n_weights = n_weights, .w_row_bytes = k / t->block_size * t->type_size,
+                          .act_row_bytes = k / act->block_size * act->type_size};
     const int status = deal_rows(plan, weights, n_weights, t->tile_rows);
     if (status != PYLLM_OK) return status;
     plan->n_threads = n_threads > 0 ? n_threads : pyllm_physical_cores();

@@ -129,7 +129,7 @@ static void dot_panels(const matmul_run_state *run, const matmul_weight *w, int6
  * without); followed by others, it asks for nothing, and the second pass, which finds the tile in cache, asks for
  * the next one into L2 (the matrix's last tile: itself), so fetching overlaps the arithmetic. */
 static void dot_tile(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, int64_t tile) {
-    const int64_t tile_bytes = ROW_TILE * plan->w_row_bytes, block_bytes = ROW_TILE * type_traits(plan->ks->type)->type_size;
+    const int64_t tile_bytes = ROW_TILE * plan->w_row_bytes, block_bytes = ROW_TILE * plan->ks->traits->type_size;
     const uint8_t *rows = (const uint8_t *)w->data + tile * plan->w_row_bytes;
     const uint8_t *next = tile + ROW_TILE < w->n ? rows + tile_bytes : rows;
     const int64_t passes = (plan->m - plan->first_single + 1) / 2;
@@ -192,14 +192,15 @@ static void dot_single_rows(const matmul_plan *plan, const x_rows *x, const matm
 static void dot_weight(const matmul_run_state *run, const x_rows *x, const matmul_weight *w, int64_t begin,
                        int64_t end, uint8_t *unpacked, uint8_t *gathered) {
     const matmul_plan *plan = run->plan;
+    const int tiles = plan->ks->tile != NULL, panels = plan->n_panels > 0, groups = plan->n_groups > 0;
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        if (plan->ks->tile != NULL) {
+        if (tiles) {
             dot_tile(plan, x, w, tile);
             continue;
         }
-        if (plan->n_panels > 0) dot_panels(run, w, tile, tile_end, unpacked);
-        dot_groups(plan, x, w, tile, tile_end);
+        if (panels) dot_panels(run, w, tile, tile_end, unpacked);
+        if (groups) dot_groups(plan, x, w, tile, tile_end);
         dot_single_rows(plan, x, w, tile, tile_end, gathered);
     }
 }
@@ -322,6 +323,7 @@ static int run_prefill(matmul_run_state *run) {
 }
 
 int matmul_run(const matmul_plan *plan) {
-    matmul_run_state run = {.plan = plan};
+    matmul_run_state run;  /* each phase sets what it uses: not the whole ranges array a call */
+    run.plan = plan;
     return plan->phase == PYLLM_PHASE_DECODE ? run_decode(&run) : run_prefill(&run);
 }
