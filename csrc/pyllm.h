@@ -44,7 +44,8 @@ enum pyllm_type {
     PYLLM_TYPE_COUNT = 36
 };
 
-/* SIMD tiers, ordered: a CPU that runs a tier runs every lower one. */
+/* Kernel tiers, one backend each (backend/registry.c), in order of preference: the best is the last the CPU runs.
+ * On x86-64 a CPU that runs a tier runs every lower one. */
 enum pyllm_tier {
     PYLLM_TIER_GENERIC = 0,      /* portable scalar C: the reference */
     PYLLM_TIER_AVX2 = 1,         /* AVX2 + FMA + F16C */
@@ -148,7 +149,7 @@ pyllm_phase pyllm_phase_of(int64_t m);
  * bit-identical whatever M and n_threads. n_threads <= 0 means pyllm_physical_cores(). */
 int pyllm_matmul(const pyllm_weight *w, const float *x, int64_t m, float *y, int n_threads);
 
-/* ---- forward-pass ops (ops.c); each output row is computed alone, in a fixed order ---- */
+/* ---- forward-pass ops (ops/); each output row is computed alone, in a fixed order ---- */
 
 /* y[m, n] = x / sqrt(mean(x^2) + eps) * w (w may be NULL; y may be x) */
 void pyllm_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps);
@@ -175,8 +176,8 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
  * to query r when kpos[t] <= qpos[r] and, with window > 0, qpos[r] - kpos[t] < window.
  * scores = q.k * scale (then softcap * tanh(s / softcap) when softcap > 0); softmax over the
  * visible keys in cache order; out[m, n_head, d]. The arithmetic is llama.cpp's for a prompt
- * (query and weights rounded to half precision, sums in 8 lanes by slot mod 8: see attend_one in
- * ops.c), the same in every tier. Grouped-query: head h reads kv head h / (n_head / n_head_kv). */
+ * (query and weights rounded to half precision, sums in 8 lanes by slot mod 8: see attend_heads in
+ * ops/attention.c), the same in every tier. Grouped-query: head h reads kv head h / (n_head / n_head_kv). */
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads);
@@ -194,7 +195,7 @@ typedef struct {
 int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_t n_head, int64_t n_head_kv,
                           int64_t d, float scale, int32_t window, float softcap, int n_threads);
 
-/* One layer of a sequence's KV cache (kvcache.c): slot s holds the key and value of the token at
+/* One layer of a sequence's KV cache (ops/kvcache.c): slot s holds the key and value of the token at
  * positions[s] (-1: empty) in IEEE half bits. A ring (sliding-window layer) keeps position p in
  * slot p % capacity, a full layer in slot p. The arrays belong to the caller. */
 typedef struct {
@@ -216,7 +217,7 @@ int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discar
 /* Forget every token at position >= n_tokens. */
 void pyllm_kv_truncate(const pyllm_kv_layer *layer, int32_t n_tokens);
 
-/* ---- transformer blocks (block.c): every step of a layer in one call ---- */
+/* ---- transformer blocks (model/block.c): every step of a layer in one call ---- */
 
 /* A norm weight or bias: n floats. Its length travels with it so that pyllm_blocks_forward can refuse a short
  * one instead of reading past it. */

@@ -66,7 +66,7 @@ static void prefetch_rows(const fp16_t *base, int64_t stride, int64_t n, int64_t
  * for a prompt batch (so a prompt's numbers are llama.cpp's), each head on its own: the query rounded to half
  * precision; q.k in 8 lanes (slot mod 8); scaled; softmax with exp_ggml, the exponentials summed in double by
  * groups of 8 slots, 1 / sum in double; the weights rounded to half precision; the weighted sum of the values in
- * 8 lanes by slot mod 8 (see op_kernels in quants.h). With head_group_kernels the heads read each key and value
+ * 8 lanes by slot mod 8 (see op_kernels in backend/kernel_set.h). With head_group_kernels the heads read each key and value
  * once. scratch: attend_heads_floats.
  */
 static void attend_heads(const attention_job *job, int64_t r, int64_t h0, int64_t n_heads, float *scratch) {

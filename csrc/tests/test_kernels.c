@@ -113,7 +113,7 @@ static void test_matmul_invariance(void) {
     }
 }
 
-/* Several weights over one input (pyllm_matmul_many: a layer's q, k, v) give each weight's matmul alone, bit for
+/* Several weights over one input (matmul_many: a layer's q, k, v) give each weight's matmul alone, bit for
  * bit: plain types with row counts off the 16-row tile (37, 5, 16), interleaved ones, M through lone rows, tile
  * passes, groups and panels, 1-3 threads. */
 static void test_matmul_many_is_matmul_each(void) {
