@@ -284,7 +284,7 @@ def test_health_answers_fast_while_a_big_request_is_tokenized(server: _Server) -
         time.sleep(0.05)
     worker.join()
     assert result["r"].status_code == 200 and len(latencies) >= 5, "the tokenization ended too soon to measure"
-    assert sorted(latencies)[len(latencies) // 2] < 0.1 and max(latencies) < 0.5, latencies
+    assert sorted(latencies)[len(latencies) // 2] < 0.1 and max(latencies) < 1.0, latencies
 
 
 @pytest.fixture(scope="module")

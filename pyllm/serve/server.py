@@ -25,6 +25,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -45,6 +46,7 @@ _Body = TypeVar("_Body", bound=BaseModel)
 log = logging.getLogger("pyllm.server")
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+SWITCH_INTERVAL_SECONDS = 0.0005
 HEADER_SECONDS = 10.0  # a client's time to send a request's headers (slow-header clients hold a socket each)
 BODY_SECONDS = 60.0    # and its body
 
@@ -508,6 +510,9 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None, other
     Bodies over max_body_bytes get 413; allowed_hosts: Host names answered without an API key besides this
     machine's addresses and localhost ("*": any)."""
     app = FastAPI(title="pyllm", docs_url=None, redoc_url=None, openapi_url=None)
+    # The event loop waits for the GIL while a worker thread tokenizes a large body; at Python's default 5 ms per
+    # hand-over a request that needs several (a /health probe) took 20-200 ms on a busy machine.
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     handlers = _Handlers(llm, model_name, other_names)
     app.add_middleware(_Gate, api_key=api_key, metrics=handlers.engine.metrics, max_body_bytes=max_body_bytes,
                        allowed_hosts=frozenset(h.lower() for h in allowed_hosts))
