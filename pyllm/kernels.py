@@ -31,7 +31,7 @@ def _c_names(prefix: str) -> dict[str, int]:
 # Q4_1_X16, Q8_0_X16, Q5_0_X16); the C core's enum pyllm_type is the one list, its table (pyllm_traits) the traits.
 GGMLType = IntEnum("GGMLType", _c_names("PYLLM_TYPE_"))
 
-# The SIMD tiers, in order: a CPU that runs one runs every lower one.
+# The kernel tiers (the C core's backends, pyllm_tier_name), in order of preference: the best is the last the CPU runs.
 TIERS = tuple(ffi.string(lib.pyllm_tier_name(tier)).decode() for tier in range(lib.PYLLM_TIER_COUNT))
 
 _STATUS = {
