@@ -41,7 +41,10 @@ enum pyllm_type {
     PYLLM_TYPE_Q4_1_X16 = 33,
     PYLLM_TYPE_Q8_0_X16 = 34,
     PYLLM_TYPE_Q5_0_X16 = 35,
-    PYLLM_TYPE_COUNT = 36
+    /* Not a GGUF type: a Q4_K matrix interleaved 16 rows at a time, 8 rows a vector (formats/blocks.h: tile_q4_K),
+     * for the AVX2 decode kernels. */
+    PYLLM_TYPE_Q4_K_X16 = 36,
+    PYLLM_TYPE_COUNT = 37
 };
 
 /* Kernel tiers, one backend each (backend/registry.c), in order of preference: the best is the last the CPU runs.
@@ -98,7 +101,7 @@ int pyllm_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
 /* The layout the active tier's matmuls read a matrix of weight `type` with n_rows rows in (for_matmul 0: a matrix
  * only looked up by rows, an embedding): Q4_0 whose rows are not a multiple of 8 as PYLLM_TYPE_Q4_0_LANES (llama.cpp
- * reduces such a matrix in that order), Q4_1, Q8_0 and Q5_0 in 16-row tiles where the tier has their tile kernels,
+ * reduces such a matrix in that order), Q4_1, Q8_0, Q5_0 and Q4_K in 16-row tiles where the tier has their tile kernels,
  * Q5_0 otherwise regrouped (Q5_0_G8), the others as they are. -1 for a type that is not a weight type. */
 int pyllm_choose_layout(int type, int64_t n_rows, int for_matmul);
 

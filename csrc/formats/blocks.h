@@ -156,6 +156,21 @@ typedef struct {
 } block_q4_K;
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 
+/* PYLLM_TYPE_Q4_K_X16: a Q4_K matrix in 16-row tiles (tile t's superblock b at index t * n_blocks + b), each two
+ * halves of 8 rows whose fields lie side by side, row r in 32-bit lane r: a 256-bit load holds the same 8 bytes'
+ * worth (a 4-byte unit) of 8 rows, and their scales as 8 words, so the AVX2 kernels keep 8 outputs in the lanes of
+ * one vector (no horizontal sums). */
+typedef struct {
+    fp16_t d[8];
+    fp16_t dmin[8];
+    uint32_t scales[3][8];   /* [w][r]: row r's scales[4w .. 4w + 3] */
+    uint8_t qs[32][8][4];    /* [u][r][j]: row r's qs[4u + j] */
+} half_tile_q4_K;
+typedef struct {
+    half_tile_q4_K half[2];  /* rows 0..7, 8..15 */
+} tile_q4_K;
+static_assert(sizeof(tile_q4_K) == X16_ROWS * sizeof(block_q4_K), "tile_q4_K size");
+
 /* 5.5 bits/weight: Q4_K plus a fifth bit, bit b of qh[l] for element 32 * b + l */
 typedef struct {
     fp16_t d;

@@ -6,7 +6,7 @@
  *   - PYLLM_TYPE_*_X16: Q4_1, Q8_0 or Q5_0 rows interleaved 16 at a time (blocks.h: tile_q4_1, ...), for the decode
  *     kernels where lane r of a vector is weight row r: a 64-byte load brings the same 4 elements of 16 rows, and one
  *     dot, one conversion and one FMA then advance 16 outputs by one lane of their reduction order, against an
- *     activation's 4 bytes broadcast.
+ *     activation's 4 bytes broadcast; Q4_K the same in two halves of 8 rows (tile_q4_K), for 256-bit vectors.
  * And reading a tiled matrix's row back as the plain blocks it was (the embedding's lookups, a tier without the tile
  * kernels).
  */
@@ -87,9 +87,28 @@ static void q5_0_from_tile(const tile_q5_0 *t, int r, block_q5_0 *x) {
     }
 }
 
-/* A matrix of Q4_1, Q8_0 or Q5_0 rows (type) in 16-row tiles. */
+static void q4_K_to_tile(const block_q4_K *x, tile_q4_K *t, int row) {
+    half_tile_q4_K *h = &t->half[row / 8];
+    const int r = row % 8;
+    h->d[r] = x->d;
+    h->dmin[r] = x->dmin;
+    for (int w = 0; w < 3; ++w) memcpy(&h->scales[w][r], x->scales + 4 * w, 4);
+    for (int u = 0; u < 32; ++u) memcpy(h->qs[u][r], x->qs + 4 * u, 4);
+}
+
+static void q4_K_from_tile(const tile_q4_K *t, int row, block_q4_K *x) {
+    const half_tile_q4_K *h = &t->half[row / 8];
+    const int r = row % 8;
+    x->d = h->d[r];
+    x->dmin = h->dmin[r];
+    for (int w = 0; w < 3; ++w) memcpy(x->scales + 4 * w, &h->scales[w][r], 4);
+    for (int u = 0; u < 32; ++u) memcpy(x->qs + 4 * u, h->qs[u][r], 4);
+}
+
+/* A matrix of Q4_1, Q8_0, Q5_0 or Q4_K rows (type) in 16-row tiles. */
 static void interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n) {
-    const int64_t nb = n / QK32, block_bytes = type_traits(type)->type_size;
+    const pyllm_type_traits *t = type_traits(type);
+    const int64_t nb = n / t->block_size, block_bytes = t->type_size;
     for (int64_t row = 0; row < n_rows; ++row) {
         const uint8_t *blocks = (const uint8_t *)src + row * nb * block_bytes;
         const int64_t tile = row / X16_ROWS;
@@ -99,6 +118,8 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
                 q4_1_to_tile((const block_q4_1 *)blocks + b, (tile_q4_1 *)dst + tile * nb + b, r);
             } else if (type == PYLLM_TYPE_Q5_0) {
                 q5_0_to_tile((const block_q5_0 *)blocks + b, (tile_q5_0 *)dst + tile * nb + b, r);
+            } else if (type == PYLLM_TYPE_Q4_K) {
+                q4_K_to_tile((const block_q4_K *)blocks + b, (tile_q4_K *)dst + tile * nb + b, r);
             } else {
                 q8_0_to_tile((const block_q8_0 *)blocks + b, (tile_q8_0 *)dst + tile * nb + b, r);
             }
@@ -107,13 +128,15 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
 }
 
 void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *dst) {
-    const int64_t nb = n / QK32, tile = row / X16_ROWS;
+    const int64_t nb = n / type_traits(layout)->block_size, tile = row / X16_ROWS;
     const int r = (int)(row % X16_ROWS);
     for (int64_t b = 0; b < nb; ++b) {
         if (layout == PYLLM_TYPE_Q4_1_X16) {
             q4_1_from_tile((const tile_q4_1 *)w + tile * nb + b, r, (block_q4_1 *)dst + b);
         } else if (layout == PYLLM_TYPE_Q5_0_X16) {
             q5_0_from_tile((const tile_q5_0 *)w + tile * nb + b, r, (block_q5_0 *)dst + b);
+        } else if (layout == PYLLM_TYPE_Q4_K_X16) {
+            q4_K_from_tile((const tile_q4_K *)w + tile * nb + b, r, (block_q4_K *)dst + b);
         } else {
             q8_0_from_tile((const tile_q8_0 *)w + tile * nb + b, r, (block_q8_0 *)dst + b);
         }
@@ -123,7 +146,7 @@ void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *ds
 int pyllm_repack(int type, int layout, const void *src, void *dst, int64_t n_rows, int64_t n) {
     const pyllm_type_traits *t = type_traits(layout);
     if (t == NULL || !t->repacked || t->plain_type != type) return PYLLM_ERR_TYPE;
-    if (n_rows < 0 || n_rows % t->tile_rows != 0 || n <= 0 || n % QK32 != 0) return PYLLM_ERR_SHAPE;
+    if (n_rows < 0 || n_rows % t->tile_rows != 0 || n <= 0 || n % t->block_size != 0) return PYLLM_ERR_SHAPE;
     if (layout == PYLLM_TYPE_Q5_0_G8) regroup_q5_0(src, dst, n_rows, n);
     else interleave(type, src, dst, n_rows, n);
     return PYLLM_OK;

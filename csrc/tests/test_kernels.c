@@ -118,7 +118,7 @@ static void test_matmul_invariance(void) {
  * passes, groups and panels, 1-3 threads. */
 static void test_matmul_many_is_matmul_each(void) {
     const int types[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16,
-                         PYLLM_TYPE_Q5_0_X16};
+                         PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16};
     const int64_t k = 512, ms[] = {1, 4, 7, 37};
     enum { N_W = 3 };
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
@@ -515,24 +515,25 @@ static void test_grouped_q5_0_is_q5_0(void) {
     }
 }
 
-/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16) are their plain matrices: each row gathered back is the plain row's
- * bytes, rows dequantize to the same values, the tile kernels (where the CPU runs them) give generic vec_dot's
- * bits for one and two activation rows, and matmul gives the plain type's bits for every M (panels, tile passes,
- * an odd last row) and thread count, on every tier (below avx512_vnni: rebuilt rows through vec_dot). 1..20
- * blocks a row, every kind of weight bytes, two tiles. */
+/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16) are their plain matrices: each row gathered back is
+ * the plain row's bytes, rows dequantize to the same values, the tile kernels (where the CPU runs them) give generic
+ * vec_dot's bits for one and two activation rows, and matmul gives the plain type's bits for every M (panels, tile
+ * passes, an odd last row) and thread count, on every tier (where a tier has no tile kernel: rebuilt rows through
+ * vec_dot). 1..20 blocks a row (1..6 superblocks), every kind of weight bytes, two tiles. */
 static void test_interleaved_is_plain(void) {
     enum { N_OUT = 2 * X16_ROWS, M_MAX = 20 };
-    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0};
-    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16};
+    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q4_K};
+    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16};
     const int64_t ms[] = {1, 2, 3, 4, 5, 17, M_MAX};
     const int tier = pyllm_active_tier();
     int kernel_checked = 0, kernel_bad = 0;
     for (int ti = 0; ti < (int)(sizeof(bases) / sizeof(bases[0])); ++ti) {
         const int base = bases[ti], type = interleaved[ti];
         const tile_kernel_fn kernel = kernel_set(pyllm_cpu_best_tier(), type)->tile;
-        for (int blocks = 1; blocks <= 20; ++blocks) {
+        const int64_t block_size = pyllm_type_block_size(base);
+        for (int blocks = 1; blocks <= (block_size == QK_K ? 6 : 20); ++blocks) {
             const int mode = blocks % FILL_MODES;
-            const int64_t n = QK32 * blocks, row_bytes = blocks * pyllm_type_size(base);
+            const int64_t n = block_size * blocks, row_bytes = blocks * pyllm_type_size(base);
             const int64_t act_bytes = activation_row_bytes(base, n), prepared_bytes = act_row_scratch_bytes(type, n);
             uint8_t *plain = malloc((size_t)(N_OUT * row_bytes)), *tiles = malloc((size_t)(N_OUT * row_bytes));
             uint8_t *row = malloc((size_t)row_bytes), *act = malloc((size_t)(2 * act_bytes));
@@ -591,10 +592,9 @@ static void test_interleaved_is_plain(void) {
             free(f_plain); free(f_rows);
         }
     }
-    if (pyllm_cpu_best_tier() >= PYLLM_TIER_AVX512_VNNI) {
-        CHECK(kernel_checked > 0 && kernel_bad == 0, "tile kernels: %d of %d outputs differ from generic vec_dot",
-              kernel_bad, kernel_checked);
-    }
+    CHECK(kernel_bad == 0, "tile kernels: %d of %d outputs differ from generic vec_dot", kernel_bad, kernel_checked);
+    CHECK(pyllm_cpu_best_tier() < PYLLM_TIER_AVX2 || kernel_checked > 0, "tile kernels: none checked on %s",
+          pyllm_tier_name(pyllm_cpu_best_tier()));
     uint8_t blocks[X16_ROWS * sizeof(block_q8_0)] = {0}, out[sizeof blocks];
     float y[X16_ROWS], x1[QK32] = {0};
     const int64_t outside[1] = {X16_ROWS};

@@ -1,12 +1,12 @@
 /*
  * backends_x86.c - the x86 tiers as backends (backend/kernel_set.h), each building on the one below:
- *   avx2         the 256-bit kernels of vec_dot_avx2_*.inc (int8 dots by vpmaddubsw), every shape but panels and
- *                tiles, and the AVX2 ops;
+ *   avx2         the 256-bit kernels of vec_dot_avx2_*.inc (int8 dots by vpmaddubsw), every shape but panels, the
+ *                Q4_K tile kernel (tile_avx2.c), and the AVX2 ops;
  *   avx512       its own Q2_K, Q3_K, Q5_K and Q6_K vec_dot (vec_dot_avx512.c) over avx2's, and the AVX-512
  *                attention kernels;
  *   avx512_vnni  the same 256-bit kernels built with VNNI dots (vec_dot_avx2_vnni.c), in place of all the others
  *                (faster than vec_dot_avx512.c's four where both run: bench/README.md), and the panel (a prompt's
- *                rows 16 at a time) and tile (a tiled matrix's 16 rows a vector) kernels.
+ *                rows 16 at a time) and tile (a tiled matrix's 16 rows a vector) kernels; not avx2's Q4_K tiles.
  * The tiers' kernels take their target by pragma, so one build runs on any x86-64: a tier is used only where
  * cpuid (and the OS's saved register state) says the CPU runs it.
  */
@@ -49,7 +49,10 @@ static void take_family(pyllm_kernel_set *set, int type, const avx2_family *fami
     set->cols4 = family->cols4[type];
 }
 
-static void fill_avx2(int type, pyllm_kernel_set *set) { take_family(set, type, &family_avx2); }
+static void fill_avx2(int type, pyllm_kernel_set *set) {
+    take_family(set, type, &family_avx2);
+    set->tile = tile_kernel_table_avx2[type];
+}
 
 /* Its own vec_dot of a type drops avx2's single-row variants (prepared, cols4: avx2's vec_dot in another shape);
  * the multi-row ones stay (the same bits, and no 512-bit ones of its own). */

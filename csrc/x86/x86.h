@@ -25,6 +25,9 @@ extern const panel_prepare_fn panel_prepare_avx512_vnni;
 extern const panel_unpack_fn panel_unpack_table_avx512_vnni[PYLLM_TYPE_COUNT];
 extern const panel_kernel_fn panel_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT];
 
+/* tile_avx2.c: Q4_K_X16's tile kernel */
+extern const tile_kernel_fn tile_kernel_table_avx2[PYLLM_TYPE_COUNT];
+
 /* tile_avx512_vnni.c: the tiled layouts' 16 rows a vector */
 extern const tile_kernel_fn tile_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT];
 
