@@ -269,7 +269,7 @@ def greedy_divergence(ours: Llama, ref, tokens: list[int],
     theirs = llama_cpp_greedy(ref, tokens, n_tokens)
     model = ours.model
     cache = model.new_cache(len(tokens) + n_tokens)
-    prompt_logits = model.forward(tokens, cache, logits="all")
+    prompt_logits = model.prefill(tokens, cache, logits="all")
     mine, logits, same, why, margins = [], prompt_logits[-1], n_tokens, "", None
     for k in range(n_tokens):
         mine.append(int(np.argmax(logits)))
@@ -278,7 +278,7 @@ def greedy_divergence(ours: Llama, ref, tokens: list[int],
             same = k
             margins = (float(logits[mine[k]] - logits[theirs[k]]), float(ref_row[theirs[k]] - ref_row[mine[k]]))
         if k + 1 < n_tokens:
-            logits = model.forward([mine[-1]], cache)
+            logits = model.prefill([mine[-1]], cache)
     if margins is not None:
         why = (f"llama.cpp {ref.detokenize(theirs[same:same + 6])!r} vs pyllm {ref.detokenize(mine[same:same + 6])!r} "
                f"at token {same}; logit margin of each side's choice there: pyllm {margins[0]:.3f}, "

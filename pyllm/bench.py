@@ -89,7 +89,7 @@ def bench_prompt(model: Model, path: str, n_prompt: int, n_threads: int, repetit
 
     def run() -> None:
         cache.clear()
-        model.forward(tokens, cache)
+        model.prefill(tokens, cache)
 
     return _record(model, path, n_threads, n_prompt, 0, _time_runs(run, repetitions, on_run))
 
@@ -102,7 +102,7 @@ def bench_generation(model: Model, path: str, n_gen: int, n_threads: int, repeti
     def run() -> None:
         cache.clear()
         for token in tokens:
-            model.forward([token], cache)
+            model.decode([(token, cache)])
 
     return _record(model, path, n_threads, 0, n_gen, _time_runs(run, repetitions, on_run))
 

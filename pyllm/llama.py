@@ -28,7 +28,7 @@ from .arch import context_length
 from .gguf import GGUFFile
 from .kvcache import KVCache
 from .memory import available_bytes, format_bytes
-from .model import ContextFullError, Model
+from .model import ContextFullError, Logits, Model
 from .params import ParamError, ParamTypeError
 from .sampling import SamplingParams
 from .serve.engine import FINISHED, Engine, Request, Step
@@ -257,7 +257,7 @@ class Llama:
             raise ParamError("tokens is empty: give at least one token", "tokens")
         if len(tokens) > self.n_ctx:
             raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}", "tokens")
-        return model.forward(tokens, model.new_cache(self.n_ctx), logits="all")
+        return model.prefill(tokens, model.new_cache(self.n_ctx), logits=Logits.ALL)
 
     @property
     def engine(self) -> Engine:

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .model import Logits
+
 if TYPE_CHECKING:
     from .llama import Llama
     from .model import Model
@@ -89,12 +91,12 @@ def chunk_nll(llm: Llama, chunk: list[int]) -> np.ndarray:
     n_ctx = len(chunk)
     first = n_ctx // 2
     cache = model.new_cache(n_ctx)
-    model.forward(chunk[:first], cache, logits="last")  # the unscored half only fills the cache
+    model.prefill(chunk[:first], cache, logits=Logits.LAST)  # the unscored half only fills the cache
     out = []
     # logits at positions first .. n_ctx-2 predict chunk[first+1 .. n_ctx-1]
     for start in range(first, n_ctx - 1, _SCORE_BATCH):
         stop = min(start + _SCORE_BATCH, n_ctx - 1)
-        logits = model.forward(chunk[start:stop], cache, logits="all")
+        logits = model.prefill(chunk[start:stop], cache, logits=Logits.ALL)
         out.append(token_nll(logits, np.asarray(chunk[start + 1:stop + 1])))
     return np.concatenate(out)
 
