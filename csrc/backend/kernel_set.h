@@ -72,14 +72,15 @@ typedef void (*panel_unpack_fn)(const void *w, int64_t n, void *scratch, unpacke
 typedef void (*panel_kernel_fn)(int64_t n, const unpacked_row rows[2], const act_panel *panel,
                                 float out[2][PANEL_ROWS]);
 
-/* _tile: one tile of a tiled layout (16 weight rows) against one or two activation rows, each laid out by
- * act_row_prepare for the tiled type: out[r * stride + i] = vec_dot(n, weight row i, rows[r]) for i < 16 and
- * r < n_rows, bit for bit (for scales that are not NaN). Unless prefetch is NULL, block step b also asks for a
+/* _tile: one tile of a tiled layout (16 weight rows) against 1..tile_max_rows (the set's, at most TILE_MAX_ROWS)
+ * activation rows, each laid out by act_row_prepare for the tiled type: out[r * stride + i] = vec_dot(n, weight row i,
+ * rows[r]) for i < 16 and r < n_rows, bit for bit (for scales that are not NaN). Unless prefetch is NULL, block step b also asks for a
  * block's bytes at prefetch + b * (the tile block's bytes): with `next_tile` into L2 (a later pass over a tile in
  * cache, pointed at the next tile), otherwise into L1 (a pass reading the tile from memory, pointed a few blocks
  * ahead of it; the Q8_0 kernel leaves that stream to the hardware). */
 typedef void (*tile_kernel_fn)(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
                                int64_t stride, const uint8_t *prefetch, int next_tile);
+#define TILE_MAX_ROWS 4
 
 /* Every kernel of one tier for weights in one layout. Each shape but vec_dot may be NULL (the tier has none); the
  * matmul then goes down to the next one that serves (matmul/plan.c). */
@@ -98,6 +99,7 @@ struct pyllm_kernel_set {
     panel_unpack_fn panel_unpack;
     panel_kernel_fn panel;
     tile_kernel_fn tile;            /* a tiled layout's only */
+    int tile_max_rows;              /* the most activation rows one tile call takes */
 };
 
 /* ---- the non-matmul kernels of a tier ---- */

@@ -59,9 +59,11 @@ static void build_set(int tier, int type) {
     if (t == NULL || t->vec_dot_type < 0) return;
     if (b->fill != NULL) b->fill(type, set);
     if (t->tile_rows > 1) {
-        *set = (pyllm_kernel_set){.vec_dot = registry.sets[tier][t->plain_type].vec_dot, .tile = set->tile};
+        *set = (pyllm_kernel_set){.vec_dot = registry.sets[tier][t->plain_type].vec_dot, .tile = set->tile,
+                                  .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0};
     } else {
         set->tile = NULL;
+        set->tile_max_rows = 0;
     }
     if (set->panel_prepare == NULL || set->panel_unpack == NULL || set->panel == NULL) {
         set->panel_prepare = NULL, set->panel_unpack = NULL, set->panel = NULL;

@@ -124,7 +124,7 @@ static void dot_panels(const matmul_run_state *run, const matmul_weight *w, int6
     }
 }
 
-/* The X rows from first_single on against a tile (weight rows tile..tile + 15), two at a time. The first pass reads
+/* The X rows from first_single on against a tile (weight rows tile..tile + 15), tile_max_rows at a time. The first pass reads
  * the tile from memory: alone, it asks for it a few blocks ahead (the Q4_1 kernel does; Q8_0's stream does better
  * without); followed by others, it asks for nothing, and the second pass, which finds the tile in cache, asks for
  * the next one into L2 (the matrix's last tile: itself), so fetching overlaps the arithmetic. */
@@ -132,10 +132,11 @@ static void dot_tile(const matmul_plan *plan, const x_rows *x, const matmul_weig
     const int64_t tile_bytes = ROW_TILE * plan->w_row_bytes, block_bytes = ROW_TILE * plan->ks->traits->type_size;
     const uint8_t *rows = (const uint8_t *)w->data + tile * plan->w_row_bytes;
     const uint8_t *next = tile + ROW_TILE < w->n ? rows + tile_bytes : rows;
-    const int64_t passes = (plan->m - plan->first_single + 1) / 2;
+    const int per_pass = plan->ks->tile_max_rows;
+    const int64_t passes = (plan->m - plan->first_single + per_pass - 1) / per_pass;
     for (int64_t pass = 0; pass < passes; ++pass) {
-        const int64_t r = plan->first_single + 2 * pass;
-        const int n_rows = plan->m - r >= 2 ? 2 : 1;
+        const int64_t r = plan->first_single + per_pass * pass;
+        const int n_rows = plan->m - r >= per_pass ? per_pass : (int)(plan->m - r);
         const uint8_t *prefetch = pass == 1 ? next : pass == 0 && passes == 1 ? rows + TILE_PREFETCH_BLOCKS * block_bytes : NULL;
         plan->ks->tile(plan->k, rows, &x->prepared[r - plan->first_single], n_rows, w->y + r * w->n + tile, w->n,
                        prefetch, pass == 1);

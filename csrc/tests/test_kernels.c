@@ -536,8 +536,8 @@ static void test_interleaved_is_plain(void) {
             const int64_t n = block_size * blocks, row_bytes = blocks * pyllm_type_size(base);
             const int64_t act_bytes = activation_row_bytes(base, n), prepared_bytes = act_row_scratch_bytes(type, n);
             uint8_t *plain = malloc((size_t)(N_OUT * row_bytes)), *tiles = malloc((size_t)(N_OUT * row_bytes));
-            uint8_t *row = malloc((size_t)row_bytes), *act = malloc((size_t)(2 * act_bytes));
-            uint8_t *prepared = aligned_alloc(64, (size_t)(2 * prepared_bytes));
+            uint8_t *row = malloc((size_t)row_bytes), *act = malloc((size_t)(TILE_MAX_ROWS * act_bytes));
+            uint8_t *prepared = aligned_alloc(64, (size_t)(TILE_MAX_ROWS * prepared_bytes));
             float *x = malloc((size_t)(M_MAX * n) * sizeof(float)), *y_plain = malloc(M_MAX * N_OUT * sizeof(float));
             float *y_tiles = malloc(M_MAX * N_OUT * sizeof(float));
             float *f_plain = malloc((size_t)n * sizeof(float)), *f_rows = malloc((size_t)(N_OUT * n) * sizeof(float));
@@ -555,14 +555,14 @@ static void test_interleaved_is_plain(void) {
                       pyllm_type_name(type), blocks, r);
             }
             for (int64_t i = 0; i < M_MAX * n; ++i) x[i] = (blocks % 7 == 6 && i < n) ? 0.0f : rng_float(-1, 1);
-            for (int n_rows = 1; kernel != NULL && n_rows <= 2; ++n_rows) {
-                act_rows rows[2];
+            for (int n_rows = 1; kernel != NULL && n_rows <= kernel_set(pyllm_cpu_best_tier(), type)->tile_max_rows; ++n_rows) {
+                act_rows rows[TILE_MAX_ROWS];
                 for (int r = 0; r < n_rows; ++r) {
                     pyllm_quantize_activations(base, x + r * n, act + r * act_bytes, n);
                     act_row_prepare(&rows[r], type, act + r * act_bytes, n, prepared + r * prepared_bytes);
                 }
                 for (int t = 0; t < N_OUT / X16_ROWS; ++t) {
-                    float out[2][X16_ROWS];
+                    float out[TILE_MAX_ROWS][X16_ROWS];
                     kernel(n, tiles + t * X16_ROWS * row_bytes, rows, n_rows, out[0], X16_ROWS, tiles, t);
                     for (int r = 0; r < n_rows; ++r) {
                         for (int i = 0; i < X16_ROWS; ++i) {

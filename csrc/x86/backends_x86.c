@@ -52,6 +52,7 @@ static void take_family(pyllm_kernel_set *set, int type, const avx2_family *fami
 static void fill_avx2(int type, pyllm_kernel_set *set) {
     take_family(set, type, &family_avx2);
     set->tile = tile_kernel_table_avx2[type];
+    set->tile_max_rows = 4;
 }
 
 /* Its own vec_dot of a type drops avx2's single-row variants (prepared, cols4: avx2's vec_dot in another shape);
@@ -69,6 +70,7 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
     set->panel_unpack = panel_unpack_table_avx512_vnni[type];
     set->panel = panel_kernel_table_avx512_vnni[type];
     set->tile = tile_kernel_table_avx512_vnni[type];
+    set->tile_max_rows = 2;
 }
 
 const pyllm_backend backend_avx2 = {
