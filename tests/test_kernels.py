@@ -25,7 +25,7 @@ from pyllm.kernels import GGMLType, KernelError
 KERNEL_ONLY_TYPES = (GGMLType.Q4_0_LANES, GGMLType.Q5_0_G8)
 # matrices interleaved 16 rows at a time: matmul only (no row of their own)
 INTERLEAVED_TYPES = {GGMLType.Q4_1_X16: GGMLType.Q4_1, GGMLType.Q8_0_X16: GGMLType.Q8_0,
-                     GGMLType.Q5_0_X16: GGMLType.Q5_0}
+                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K}
 WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, *KERNEL_ONLY_TYPES, *INTERLEAVED_TYPES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
 MATMUL_TYPES = WEIGHT_TYPES + list(KERNEL_ONLY_TYPES)
@@ -286,25 +286,26 @@ def test_grouped_q5_0_is_q5_0(n_blocks: int) -> None:
 
 @pytest.mark.parametrize("interleaved", list(INTERLEAVED_TYPES), ids=lambda t: t.name)
 def test_interleaved_is_plain(interleaved: GGMLType) -> None:
-    """A Q4_1 / Q8_0 matrix interleaved 16 rows at a time (the layout the model's get where the CPU has the tile
-    kernels): the same rows, and matmul's same bits for lone rows, decode batches of every size (tile passes of
-    two rows and an odd one) and prompts (panels, then the rest), at one and two threads, on the best tier and
-    on the generic one (each row rebuilt for vec_dot)."""
+    """A Q4_1 / Q8_0 / Q5_0 / Q4_K matrix interleaved 16 rows at a time (the layout the model's get where the CPU has
+    the tile kernels): the same rows, and matmul's same bits for lone rows, decode batches of every size (tile passes
+    of several rows and a short last one) and prompts, at one and two threads, on the best tier and on the generic one
+    (each row rebuilt for vec_dot)."""
     plain_type = INTERLEAVED_TYPES[interleaved]
     rng = np.random.default_rng(int(interleaved))
-    n, n_blocks = 48, 9
+    n, n_blocks = 48, (9 if TYPE_TRAITS[plain_type][1] == 32 else 3)
+    n_in = TYPE_TRAITS[plain_type][1] * n_blocks
     w = random_blocks(plain_type, n * n_blocks, rng).reshape(n, -1)
     tiles = kernels.interleave(w, plain_type)
     assert tiles.shape == w.shape and tiles.ctypes.data % 64 == 0 and not np.array_equal(tiles, w)
     ids = np.array([47, 0, 16, 5, 5])
-    np.testing.assert_array_equal(bits(kernels.WeightMatrix(tiles, interleaved, 32 * n_blocks).rows(ids)),
+    np.testing.assert_array_equal(bits(kernels.WeightMatrix(tiles, interleaved, n_in).rows(ids)),
                                   bits(kernels.dequantize(w[ids], plain_type)))
     tier = kernels.active_tier()
     try:
         for use_tier in dict.fromkeys((tier, "generic")):
             kernels.set_tier(use_tier)
             for m in (1, 2, 3, 4, 5, 8, 17, 35):
-                x = rng.standard_normal((m, 32 * n_blocks)).astype(np.float32)
+                x = rng.standard_normal((m, n_in)).astype(np.float32)
                 for threads in (1, 2):
                     np.testing.assert_array_equal(bits(kernels.matmul(tiles, interleaved, x, n_threads=threads)),
                                                   bits(kernels.matmul(w, plain_type, x, n_threads=threads)))
@@ -315,11 +316,12 @@ def test_interleaved_is_plain(interleaved: GGMLType) -> None:
     with pytest.raises(KernelError, match="unsupported type"):
         kernels.interleave(random_blocks(GGMLType.Q4_0, 16, rng).reshape(16, -1), GGMLType.Q4_0)
     with pytest.raises(KernelError, match="bad shape"):
-        kernels.WeightMatrix(tiles, interleaved, 32 * n_blocks).rows(np.array([48]))
+        kernels.WeightMatrix(tiles, interleaved, n_in).rows(np.array([48]))
 
 
 def test_interleaved_type_follows_the_tier() -> None:
-    """Matrices are interleaved only where the active tier has the tile kernels (the avx512_vnni tier)."""
+    """Matrices are interleaved only where the active tier has their tile kernels: Q4_1, Q8_0 and Q5_0 on avx512_vnni,
+    Q4_K on avx2 and avx512 (avx512_vnni's own Q4_K kernels do without)."""
     tier = kernels.active_tier()
     try:
         for use_tier in AVAILABLE_TIERS:
@@ -328,7 +330,9 @@ def test_interleaved_type_follows_the_tier() -> None:
             assert (kernels.interleaved_type(GGMLType.Q4_1) == GGMLType.Q4_1_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q8_0) == GGMLType.Q8_0_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q5_0) == GGMLType.Q5_0_X16) == want
-            assert kernels.interleaved_type(GGMLType.Q4_K) is None
+            want_q4_k = use_tier in ("avx2", "avx512")
+            assert (kernels.interleaved_type(GGMLType.Q4_K) == GGMLType.Q4_K_X16) == want_q4_k
+            assert kernels.interleaved_type(GGMLType.Q6_K) is None
     finally:
         kernels.set_tier(tier)
 
