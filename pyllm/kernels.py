@@ -28,7 +28,8 @@ def _c_names(prefix: str) -> dict[str, int]:
 
 
 # Type ids are ggml's (GGUF stores them), and pyllm's layouts after them (Q4_0_LANES, Q5_0_G8, the 16-row tiles
-# Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16); the C core's enum pyllm_type is the one list, its table (pyllm_traits) the traits.
+# Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16); the C core's enum pyllm_type is the one list, its table (pyllm_traits)
+# the traits.
 GGMLType = IntEnum("GGMLType", _c_names("PYLLM_TYPE_"))
 
 # The kernel tiers (the C core's backends, pyllm_tier_name), in order of preference: the best is the last the CPU runs.
@@ -207,8 +208,8 @@ def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
 
 def interleave(data: np.ndarray, type_id: int, out: np.ndarray | None = None) -> np.ndarray:
     """A Q4_1 / Q8_0 / Q5_0 / Q4_K matrix (n_rows, row_bytes), n_rows a multiple of 16, in its interleaved layout: 16
-    rows a tile, their quants side by side 4 bytes at a time (Q5_0's fifth bits as a 64-bit mask a lane), the same values and
-    the same matmul bits, for kernels that hold 16 weight rows in a vector."""
+    rows a tile, their quants side by side 4 bytes at a time (Q5_0's fifth bits as a 64-bit mask a lane), the same
+    values and the same matmul bits, for kernels that hold 16 weight rows in a vector."""
     return repack(data, type_id, _tiled_layout(type_id), out)
 
 
