@@ -26,6 +26,7 @@ from . import catalogue
 from . import params as check
 from .arch import context_length
 from .gguf import GGUFFile
+from .grammar import LlamaGrammar, VocabIndex, response_format_grammar
 from .kvcache import KVCache
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Model
@@ -333,8 +334,12 @@ class Llama:
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: int | None = None, logit_bias: dict | None = None,
-                          model: str | None = None, *, context_shift: bool = True) -> dict[str, Any] | CompletionStream:
+                          model: str | None = None, grammar: str | LlamaGrammar | None = None, *,
+                          context_shift: bool = True) -> dict[str, Any] | CompletionStream:
         """Complete a prompt (text, where special-token text becomes those tokens, or token ids).
+
+        grammar: GBNF text or a LlamaGrammar (LlamaGrammar.from_json_schema for a JSON schema): only text it
+        admits is generated, and the completion stops ("stop") once the grammar can admit nothing more.
 
         max_tokens None or <= 0 generates until an end-of-generation token or the end of the context. With
         context_shift (the default) a generation that fills the context drops its oldest tokens and goes on; without
@@ -346,12 +351,12 @@ class Llama:
                               top_p=top_p, min_p=min_p, typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                               repeat_penalty=repeat_penalty, top_k=top_k, stream=stream, seed=seed,
-                              logit_bias=logit_bias, model=model, context_shift=context_shift)
+                              logit_bias=logit_bias, model=model, context_shift=context_shift, grammar=grammar)
 
     def _complete(self, prompt_tokens: list[int], prompt_param: str, *, max_tokens: Any, temperature: Any,
                   top_p: Any, min_p: Any, typical_p: Any, logprobs: Any, echo: Any, stop: Any, frequency_penalty: Any,
                   presence_penalty: Any, repeat_penalty: Any, top_k: Any, stream: Any, seed: Any, logit_bias: Any,
-                  model: Any, context_shift: Any) -> dict[str, Any] | CompletionStream:
+                  model: Any, context_shift: Any, grammar: Any = None) -> dict[str, Any] | CompletionStream:
         """A completion of prompt tokens; every argument checked here, once."""
         limit = self._budget(len(prompt_tokens), max_tokens, prompt_param, check.boolean("context_shift",
                                                                                           context_shift))
@@ -359,7 +364,10 @@ class Llama:
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=check.logit_bias(logit_bias,
                                                                                                self.n_vocab()),
-                                seed=self.seed if seed is None else seed, typical_p=typical_p)
+                                seed=self.seed if seed is None else seed, typical_p=typical_p,
+                                grammar=check.grammar(grammar))
+        if params.grammar is not None:
+            VocabIndex.for_tokenizer(self.tokenizer)  # built here, once, not on the engine's thread
         logprobs = check.integer("logprobs", logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
         echo, stream = check.boolean("echo", echo), check.boolean("stream", stream)
         stops = check.stop_strings(stop)
@@ -431,9 +439,18 @@ class Llama:
                                max_tokens: int | None = None, presence_penalty: float = 0.0,
                                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
                                logit_bias: dict | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, model: str | None = None, *,
+                               top_logprobs: int | None = None, model: str | None = None,
+                               response_format: dict[str, Any] | None = None,
+                               grammar: str | LlamaGrammar | None = None, *,
                                context_shift: bool = True) -> dict[str, Any] | CompletionStream:
-        """Chat through the file's template (or the family's built-in one)."""
+        """Chat through the file's template (or the family's built-in one).
+
+        response_format: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
+        {"schema": {...}}}, or {"type": "text"}; grammar: GBNF text or a LlamaGrammar. Give one or neither.
+        """
+        constraint = response_format_grammar(response_format)
+        if constraint is not None and grammar is not None:
+            raise ParamError("give response_format or grammar, not both", "grammar")
         prompt_tokens = self.tokenize_chat(messages)
         n_top = check.integer("top_logprobs", top_logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
         result = self._complete(prompt_tokens, "messages", max_tokens=max_tokens, temperature=temperature,
@@ -441,7 +458,8 @@ class Llama:
                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
                                 logprobs=(n_top or 0) if check.boolean("logprobs", logprobs) else None,
-                                echo=False, model=model, context_shift=context_shift)
+                                echo=False, model=model, context_shift=context_shift,
+                                grammar=grammar if constraint is None else constraint)
         if isinstance(result, CompletionStream):
             return self._chat_stream(result)
         assert isinstance(result, dict)

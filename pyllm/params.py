@@ -150,3 +150,14 @@ def token_ids(name: str, value: Any, n_vocab: int) -> list[int]:
             raise ParamError(f"{name}: token ids must be integers in [0, {n_vocab}), not {t!r}"[:200], name)
         ids.append(int(t))
     return ids
+
+
+def grammar(value: Any, name: str = "grammar") -> Any:
+    """`grammar`: None, GBNF text, a LlamaGrammar or a compiled pyllm.grammar.Grammar -> the compiled Grammar
+    (a bad grammar is a GrammarError, a ParamError naming `name`, that says where)."""
+    if value is None:
+        return None
+    from .grammar import as_grammar  # here, not at the top: pyllm.grammar imports this module
+
+    return as_grammar(value, name)
+
