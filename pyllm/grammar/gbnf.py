@@ -510,22 +510,32 @@ class Grammar:
     # -- pushdown semantics --
 
     def advance(self, stack: tuple[int, ...]) -> frozenset[tuple[int, ...]]:
-        """The expanded stacks of `stack`: rule references at the top replaced by each alternative's start,
-        until every top is a character class (or the stack is empty)."""
-        if not stack or self.kinds[stack[-1]] == CHAR:
+        """The expanded stacks of `stack`: a rule reference at the top is replaced by each of the rule's
+        alternatives (below it, the element after the reference, unless the reference ended its alternative),
+        until every top is a character class or the stack is empty."""
+        kinds = self.kinds
+        if not stack or kinds[stack[-1]] == CHAR:
             return frozenset((stack,))
         memo = self._advance_memo.get(stack)
         if memo is not None:
             return memo
         out: set[tuple[int, ...]] = set()
-        top = stack[-1]
-        rest = stack[:-1]
-        if self.kinds[top + 1] != END:          # the caller's continuation, unless the reference is last
-            rest = rest + (top + 1,)
-        for a in self.alts[self.args[top]]:
-            out |= self.advance(rest + (a,) if self.kinds[a] != END else rest)
-            if len(out) > MAX_STACKS:
+        seen: set[tuple[int, ...]] = set()
+        todo = [stack]
+        while todo:                             # a worklist, not recursion: chains of empty rules can be long
+            st = todo.pop()
+            if not st or kinds[st[-1]] == CHAR:
+                out.add(st)
+                continue
+            if st in seen:
+                continue
+            seen.add(st)
+            if len(seen) > 8 * MAX_STACKS or len(out) > MAX_STACKS:
                 raise GrammarError(f"the grammar is too ambiguous here: over {MAX_STACKS} parses at once")
+            top = st[-1]
+            rest = st[:-1] + (top + 1,) if kinds[top + 1] != END else st[:-1]
+            for a in self.alts[self.args[top]]:
+                todo.append(rest + (a,) if kinds[a] != END else rest)
         result = frozenset(out)
         if len(self._advance_memo) > 1 << 18:   # a bound on memory; the entries are cheap to recompute
             self._advance_memo.clear()

@@ -60,8 +60,6 @@ _LENGTH = bytes([1] * 0x80 + [0] * 0x42 + [2] * 0x1E + [3] * 0x10 + [4] * 0x05 +
 _MIN_CP = (0, 0, 0x80, 0x800, 0x10000)
 _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 _LEAD_MARK = (0, 0, 0xC0, 0xE0, 0xF0)
-# code points where the UTF-8 length changes or surrogates start/end: every segment lies within one
-_UTF8_BOUNDS = (0x80, 0x800, 0xD800, 0xE000, 0x10000, MAX_CODE_POINT + 1)
 
 
 class GrammarMatchError(ValueError):
@@ -211,6 +209,7 @@ class _Automaton:
         self._bounds_memo: dict[frozenset[int], list[int]] = {}
         self._masks: OrderedDict[int, _MaskEntry] = OrderedDict()
         self._mask_bytes = 0
+        self.lookups = 0                  # (trie node, state) pairs looked up by mask walks: their whole cost
         self._states.append((frozenset(), None))   # state 0: dead, every byte leads back to it
         self._table[0] = DEAD
         self.initial = self._intern((grammar.initial, None))
@@ -261,11 +260,13 @@ class _Automaton:
 
     def _segment(self, stacks: frozenset[tuple[int, ...]], lo: int, hi: int) -> int | None:
         """The first code point of the segment holding all of [lo, hi], or None when [lo, hi] straddles a bound
-        of the classes the stacks wait on (or a UTF-8 length or surrogate bound)."""
+        of the classes the stacks wait on. Any code point of a segment is in the same classes, so it can stand
+        for the character still being written (whose remaining bytes can only make a valid one: the restricted
+        second bytes are checked before)."""
         tops = self._top_classes(stacks)
         bounds = self._bounds_memo.get(tops)
         if bounds is None:
-            edges = set(_UTF8_BOUNDS)
+            edges = set()
             for c in tops:
                 for a, b in self.grammar.classes[c].ranges:
                     edges.add(a)
@@ -370,6 +371,7 @@ class _Automaton:
     def _lookup(self, states: np.ndarray, edge_bytes: np.ndarray) -> np.ndarray:
         """The table's entries for (state, byte) pairs, computing the UNKNOWN ones."""
         flat = states.astype(np.int64) * 256 + edge_bytes
+        self.lookups += flat.shape[0]
         nxt = self._table.ravel()[flat]
         unknown = nxt == UNKNOWN
         if unknown.any():
