@@ -404,13 +404,12 @@ class _Regex:
             self.i += 1
             return f"({body})" if body else '""'
         if c == "[":
-            return _json_chars(self.char_class())
+            return _group(_json_chars(self.char_class()))
         if c == ".":
             self.i += 1
-            return _json_chars(_DOT)
+            return _group(_json_chars(_DOT))
         if c == "\\":
-            ranges = self.escape(in_class=False)
-            return _json_chars(ranges)
+            return _group(_json_chars(self.escape(in_class=False)))
         if c in ("*", "+", "?") or (c == "{" and re.match(r"\{\d+(,\d*)?\}", self.p[self.i:])):
             raise self.error(f"{c!r} has nothing to repeat")
         if c == "^":
@@ -418,7 +417,7 @@ class _Regex:
         if c == "$":
             raise self.error("'$' only at the end")
         self.i += 1
-        return _json_chars([(ord(c), ord(c))])
+        return _group(_json_chars([(ord(c), ord(c))]))
 
     def escape(self, in_class: bool) -> list[tuple[int, int]]:
         self.i += 1

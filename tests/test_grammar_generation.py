@@ -1,0 +1,113 @@
+"""Constrained generation on SmolLM2: sampled JSON parses and validates against its schema (jsonschema, formats
+checked) for twenty schemas over several seeds at temperature 0.8; a yes/no grammar answers yes or no; a
+constrained sequence's tokens do not depend on the batch around it or on the thread count."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from jsonschema import Draft202012Validator
+from test_grammar_json_schema import SCHEMAS
+
+from pyllm import Llama
+from pyllm.grammar import compile_gbnf, schema_to_gbnf
+from pyllm.sampling import SamplingParams
+from pyllm.serve.engine import Engine
+
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path) -> Llama:
+    return Llama(str(smollm2_path), n_ctx=768, n_threads=2, n_parallel=4)
+
+
+def _messages(schema: dict) -> list[dict]:
+    return [{"role": "system", "content": "You reply with JSON only."},
+            {"role": "user", "content": f"Give an example JSON value for this JSON schema: {json.dumps(schema)}"}]
+
+
+def test_schema_outputs_parse_and_validate_at_temperature_08(llm: Llama) -> None:
+    assert len(SCHEMAS) == 20
+    jobs = [(i, seed) for i in range(len(SCHEMAS)) for seed in SEEDS]
+
+    def ask(job: tuple[int, int]) -> dict:
+        i, seed = job
+        return llm.create_chat_completion(_messages(SCHEMAS[i]), temperature=0.8, seed=seed, max_tokens=160,
+                                          response_format={"type": "json_schema",
+                                                           "json_schema": {"schema": SCHEMAS[i]}})
+
+    with ThreadPoolExecutor(llm.n_parallel) as pool:               # four at a time: the engine batches them
+        results = list(pool.map(ask, jobs))
+    for (i, seed), result in zip(jobs, results, strict=True):
+        choice = result["choices"][0]
+        text = choice["message"]["content"]
+        assert choice["finish_reason"] == "stop", (i, seed, text)    # finished, not cut at max_tokens
+        instance = json.loads(text)
+        validator = Draft202012Validator(SCHEMAS[i], format_checker=Draft202012Validator.FORMAT_CHECKER)
+        errors = [e.message for e in validator.iter_errors(instance)]
+        assert not errors, (i, seed, text, errors)
+
+
+def test_json_object_mode_gives_an_object(llm: Llama) -> None:
+    result = llm.create_chat_completion([{"role": "user", "content": "Describe a cat in JSON."}], temperature=0.8,
+                                        seed=3, max_tokens=48, response_format={"type": "json_object"})
+    text = result["choices"][0]["message"]["content"]
+    assert text.lstrip().startswith("{")
+    if result["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict)
+
+
+def test_a_yes_no_grammar_answers_yes_or_no(llm: Llama) -> None:
+    answers = set()
+    for seed in range(6):
+        result = llm.create_completion("Q: Is the sea salty? Answer yes or no.\nA: ", grammar='root ::= "yes" | "no"',
+                                       temperature=0.8, seed=seed, max_tokens=8)
+        choice = result["choices"][0]
+        assert choice["text"] in ("yes", "no") and choice["finish_reason"] == "stop", choice
+        assert result["usage"]["completion_tokens"] <= 3
+        answers.add(choice["text"])
+    chat = llm.create_chat_completion([{"role": "user", "content": "Is fire cold?"}], grammar='root ::= "yes" | "no"',
+                                      temperature=0.8, seed=1)
+    assert chat["choices"][0]["message"]["content"] in ("yes", "no")
+
+
+def test_a_constrained_sequence_is_the_same_alone_in_a_batch_and_on_one_thread(llm: Llama, smollm2_path) -> None:
+    tok = llm.tokenizer
+    grammar = compile_gbnf(schema_to_gbnf(SCHEMAS[14]))
+    params = SamplingParams(temperature=0.8, seed=11, grammar=grammar)
+    prompt = llm.tokenize_chat(_messages(SCHEMAS[14]))
+
+    def run(engine: Engine, prompt: list[int], params: SamplingParams) -> list[int]:
+        return [step.token for step in engine.submit(prompt, params, 80)]
+
+    alone_engine = Engine(llm.model, tok, n_ctx=768, n_parallel=1, cache_bytes=0)
+    alone = run(alone_engine, prompt, params)
+    alone_engine.close()
+    assert json.loads(tok.decode(alone))                             # a whole answer, not a stub
+
+    # three slots, prompts read 5 rows a step: the constrained sequence shares its steps with a prompt being
+    # read, another constrained sequence and a free one, at different points of theirs
+    engine = Engine(llm.model, tok, n_ctx=768, n_parallel=3, prefill_chunk=5, cache_bytes=0)
+    others = [(llm.tokenize_chat(_messages(SCHEMAS[3])), SamplingParams(temperature=0.8, seed=2,
+                                                                       grammar=compile_gbnf(schema_to_gbnf(SCHEMAS[3])))),
+              (tok.encode("Once upon a time", add_bos=True), SamplingParams(temperature=0.8, seed=5))]
+    results: dict[str, list[int]] = {}
+    threads = [threading.Thread(target=lambda k=k, p=p, s=s: results.__setitem__(k, run(engine, p, s)))
+               for k, (p, s) in enumerate(others)]
+    for t in threads:
+        t.start()
+    results["mine"] = run(engine, prompt, params)
+    for t in threads:
+        t.join()
+    engine.close()
+    assert results["mine"] == alone
+
+    one_thread = Llama(str(smollm2_path), n_ctx=768, n_threads=1)
+    try:
+        assert run(one_thread.engine, prompt, params) == alone
+    finally:
+        one_thread.close()
