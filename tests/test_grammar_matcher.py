@@ -20,6 +20,7 @@ from pyllm.grammar import (
     compile_gbnf,
     schema_to_gbnf,
 )
+from pyllm.grammar.gbnf import parse_gbnf
 from pyllm.sampling import Sampler, SamplingError, SamplingParams
 from pyllm.text.tokenizer import Tokenizer
 
@@ -138,6 +139,26 @@ def test_partial_characters_on_a_vocabulary_of_single_bytes(grammar_text: str) -
             ref.accept(token)
 
 
+def test_a_table_that_starts_again_leaves_every_matcher_where_it_was() -> None:
+    """Past MAX_STATES the automaton empties its table; matchers made before find their states by key."""
+    vocab = VocabIndex([bytes([b]) for b in range(256)] + [b"", b"ab", "é".encode()], eog_ids=[256])
+    grammar = parse_gbnf(BYTE_GRAMMARS[2])                          # its own automaton, not the shared one
+    fast = [GrammarMatcher(grammar, vocab) for _ in range(3)]
+    fast[0]._auto.MAX_STATES = 6
+    refs = [ReferenceMatcher(grammar, vocab) for _ in range(3)]
+    rng = random.Random(3)
+    epochs = set()
+    for _ in range(40):
+        for f, r in zip(fast, refs, strict=True):
+            allowed = f.allowed_ids()
+            np.testing.assert_array_equal(allowed, r.allowed_ids())
+            token = rng.choice([int(t) for t in allowed if vocab.pieces[t] is not None and t != ord(".")])
+            f.accept(token)
+            r.accept(token)
+        epochs.add(fast[0]._auto.epoch)
+    assert len(epochs) > 3
+
+
 def test_a_string_interior_is_one_state_whatever_its_text(vocab: VocabIndex, tokenizer: Tokenizer) -> None:
     """Inside a JSON string the stack set does not change, and partial characters collapse to their segment:
     text of every script reaches a handful of states, so the masks come from the cache."""
@@ -150,9 +171,8 @@ def test_a_string_interior_is_one_state_whatever_its_text(vocab: VocabIndex, tok
         m.accept(token)
         states.add(m.state_key)
     assert len(states) <= 8, len(states)
-    auto = m._auto
-    entry = auto.mask(m._sid)
-    assert auto.mask(m._sid) is entry                              # a repeated state is a cache hit
+    entry = m._entry()
+    assert m._entry() is entry                                     # a repeated state is a cache hit
 
 
 def test_few_fitting_tokens_never_scan_the_vocabulary(vocab: VocabIndex) -> None:

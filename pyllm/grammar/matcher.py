@@ -196,23 +196,37 @@ class _Automaton:
     all matchers of the pair (and so across requests that reuse a compiled grammar); thread-safe."""
 
     MASK_CACHE_BYTES = 64 << 20  # per grammar and vocabulary; the oldest masks go first
+    # The table takes 1 KiB a state: past this many states it starts again (empty), the matchers finding
+    # their states again by their keys (an epoch tells them). Also keeps state * 256 within int32.
+    MAX_STATES = 1 << 17
 
     def __init__(self, grammar: Grammar, vocab: VocabIndex) -> None:
         self.grammar = grammar
         self.vocab = vocab
         self._lock = threading.RLock()
-        self._states: list[State] = []
-        self._ids: dict[State, int] = {}
-        self._table = np.empty((64, 256), dtype=np.int32)
         self._class_leads = [_class_lead_bytes(c.ranges) for c in grammar.classes]
         self._leads_memo: dict[frozenset[int], np.ndarray] = {}
         self._bounds_memo: dict[frozenset[int], list[int]] = {}
+        self.lookups = 0                  # (trie node, state) pairs looked up by mask walks: their whole cost
+        self.epoch = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.epoch += 1
+        self._states: list[State] = [(frozenset(), None)]   # state 0: dead, every byte leads back to it
+        self._ids: dict[State, int] = {}
+        self._table = np.empty((64, 256), dtype=np.int32)
+        self._table[0] = DEAD
         self._masks: OrderedDict[int, _MaskEntry] = OrderedDict()
         self._mask_bytes = 0
-        self.lookups = 0                  # (trie node, state) pairs looked up by mask walks: their whole cost
-        self._states.append((frozenset(), None))   # state 0: dead, every byte leads back to it
-        self._table[0] = DEAD
-        self.initial = self._intern((grammar.initial, None))
+        self.initial = self._intern((self.grammar.initial, None))
+
+    def resolve(self, key: State, sid: int, epoch: int) -> int:
+        """The id of state `key` now (`sid` if the table has not started again since `epoch`); call with the lock
+        held. The entry points of the matchers come here first, so a restart never happens inside a walk."""
+        if len(self._states) > self.MAX_STATES:
+            self._reset()
+        return sid if epoch == self.epoch else self._intern(key)
 
     # -- states --
 
@@ -280,12 +294,11 @@ class _Automaton:
     # -- one byte --
 
     def step(self, sid: int, byte: int) -> int:
-        """The state after `byte` (DEAD if it cannot come next), through the table."""
+        """The state after `byte` (DEAD if it cannot come next), through the table (call with the lock held)."""
         nxt = int(self._table[sid, byte])
         if nxt == UNKNOWN:
-            with self._lock:
-                nxt = self._step(sid, byte)
-                self._table[sid, byte] = nxt
+            nxt = self._step(sid, byte)
+            self._table[sid, byte] = nxt
         return nxt
 
     def _step(self, sid: int, b: int) -> int:
@@ -334,7 +347,7 @@ class _Automaton:
         return self._intern((stacks, ("x", value, rem, n)))
 
     def run(self, sid: int, data: bytes) -> int:
-        """The state after `data` (DEAD as soon as a byte cannot come next)."""
+        """The state after `data` (DEAD as soon as a byte cannot come next; call with the lock held)."""
         for b in data:
             sid = self.step(sid, b)
             if sid == DEAD:
@@ -344,6 +357,7 @@ class _Automaton:
     # -- masks --
 
     def mask(self, sid: int) -> _MaskEntry:
+        """The mask of state `sid`, from the cache or walked (call with the lock held)."""
         with self._lock:
             entry = self._masks.get(sid)
             if entry is not None:
@@ -370,17 +384,18 @@ class _Automaton:
 
     def _lookup(self, states: np.ndarray, edge_bytes: np.ndarray) -> np.ndarray:
         """The table's entries for (state, byte) pairs, computing the UNKNOWN ones."""
-        flat = states.astype(np.int64) * 256 + edge_bytes
+        flat = states * 256                        # int32: the table holds far fewer than 2**23 states
+        flat += edge_bytes
         self.lookups += flat.shape[0]
-        nxt = self._table.ravel()[flat]
-        unknown = nxt == UNKNOWN
-        if unknown.any():
+        nxt = np.take(self._table.ravel(), flat)
+        if nxt.min() < 0:                          # some UNKNOWN
+            unknown = nxt == UNKNOWN
             todo = flat[unknown]
             for key in np.unique(todo).tolist():
                 s, b = divmod(key, 256)
                 r = self._step(s, b)                # may grow the table: store after
                 self._table[s, b] = r
-            nxt[unknown] = self._table.ravel()[todo]
+            nxt[unknown] = np.take(self._table.ravel(), todo)
         return nxt
 
     def _walk(self, sid: int) -> np.ndarray:
@@ -462,20 +477,23 @@ def _automaton(grammar: Grammar, vocab: VocabIndex) -> _Automaton:
 class GrammarMatcher:
     """One sequence's position in a grammar: which tokens may come next, and advancing by a token.
 
-    Cheap to copy (a state id); every matcher of the same (grammar, vocabulary) shares one automaton, so a
-    mask computed for one sequence serves every later sequence that reaches the same state.
+    Cheap to copy (a state id and its key); every matcher of the same (grammar, vocabulary) shares one
+    automaton, so a mask computed for one sequence serves every later sequence that reaches the same state.
     """
 
-    __slots__ = ("_auto", "_sid", "_ended")
+    __slots__ = ("_auto", "_sid", "_epoch", "_key", "_ended")
 
     def __init__(self, grammar: Grammar, vocab: VocabIndex) -> None:
-        self._auto = _automaton(grammar, vocab)
-        self._sid = self._auto.initial
+        auto = self._auto = _automaton(grammar, vocab)
+        with auto._lock:
+            self._sid, self._epoch = auto.initial, auto.epoch
+            self._key = auto.state(self._sid)
         self._ended = False
 
     def copy(self) -> GrammarMatcher:
         other = object.__new__(GrammarMatcher)
-        other._auto, other._sid, other._ended = self._auto, self._sid, self._ended
+        other._auto, other._sid, other._epoch, other._key, other._ended = (self._auto, self._sid, self._epoch,
+                                                                             self._key, self._ended)
         return other
 
     @property
@@ -487,19 +505,36 @@ class GrammarMatcher:
         return self._auto.vocab
 
     @property
+    def state_key(self) -> State:
+        """The canonical state (the stack set and the partial character): equal keys give equal masks."""
+        return self._key
+
+    @property
     def can_end(self) -> bool:
         """Whether an end-of-generation token may come now: a whole `root` matched, no character half-written."""
-        stacks, partial = self._auto.state(self._sid)
+        stacks, partial = self._key
         return partial is None and () in stacks and not self._ended
 
     @property
     def is_complete(self) -> bool:
         """Whether nothing but the end may come: the grammar has matched and cannot go on (or it has ended)."""
-        stacks, partial = self._auto.state(self._sid)
+        stacks, partial = self._key
         return self._ended or (partial is None and stacks == frozenset(((),)))
 
     def _entry(self) -> _MaskEntry:
-        return self._auto.mask(self._sid)
+        auto = self._auto
+        with auto._lock:
+            self._sid, self._epoch = auto.resolve(self._key, self._sid, self._epoch), auto.epoch
+            return auto.mask(self._sid)
+
+    def _run(self, data: bytes) -> bool:
+        auto = self._auto
+        with auto._lock:
+            sid = auto.run(auto.resolve(self._key, self._sid, self._epoch), data)
+            if sid == DEAD:
+                return False
+            self._sid, self._epoch, self._key = sid, auto.epoch, auto.state(sid)
+        return True
 
     def allowed(self, out: np.ndarray | None = None) -> np.ndarray:
         """(n_vocab,) bool: the tokens that may come next (into `out` if given)."""
@@ -557,22 +592,13 @@ class GrammarMatcher:
             raise GrammarMatchError(f"token {token} (special or empty) is not allowed by the grammar here")
         if self._ended:
             raise GrammarMatchError("the grammar has ended")
-        sid = self._auto.run(self._sid, piece)
-        if sid == DEAD:
+        if not self._run(piece):
             raise GrammarMatchError(f"token {token} ({piece!r}) is not allowed by the grammar here")
-        self._sid = sid
 
     def accept_bytes(self, data: bytes) -> None:
         """Advance by raw bytes (text already written, such as a forced prefix)."""
-        sid = self._auto.run(self._sid, data)
-        if sid == DEAD:
+        if self._ended or not self._run(data):
             raise GrammarMatchError(f"{data!r} is not allowed by the grammar here")
-        self._sid = sid
-
-    @property
-    def state_key(self) -> State:
-        """The canonical state (the stack set and the partial character): equal keys give equal masks."""
-        return self._auto.state(self._sid)
 
 
 # ---- the reference ------------------------------------------------------------------------------------
