@@ -5,6 +5,7 @@ constrained sequence's tokens do not depend on the batch around it or on the thr
 from __future__ import annotations
 
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,8 +13,9 @@ import pytest
 from jsonschema import Draft202012Validator
 from test_grammar_json_schema import SCHEMAS
 
-from pyllm import Llama
+from pyllm import Llama, LlamaGrammar
 from pyllm.grammar import compile_gbnf, schema_to_gbnf
+from pyllm.params import ParamError
 from pyllm.sampling import SamplingParams
 from pyllm.serve.engine import Engine
 
@@ -73,6 +75,28 @@ def test_a_yes_no_grammar_answers_yes_or_no(llm: Llama) -> None:
     chat = llm.create_chat_completion([{"role": "user", "content": "Is fire cold?"}], grammar='root ::= "yes" | "no"',
                                       temperature=0.8, seed=1)
     assert chat["choices"][0]["message"]["content"] in ("yes", "no")
+
+
+def test_llama_grammar_objects_streams_and_errors(llm: Llama, tmp_path) -> None:
+    grammar = LlamaGrammar.from_json_schema(json.dumps(SCHEMAS[1]))
+    result = llm.create_completion("The answer, as JSON:", grammar=grammar, temperature=0.8, seed=4, max_tokens=40)
+    assert json.loads(result["choices"][0]["text"])["answer"] in ("yes", "no")
+    path = tmp_path / "digit.gbnf"
+    path.write_text('root ::= "a" [0-9] # a letter and a digit\n')
+    chunks = list(llm.create_completion("Pick:", grammar=LlamaGrammar.from_file(path), stream=True, max_tokens=9,
+                                        temperature=0.8, seed=2))
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert re.fullmatch("a[0-9]", text) and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    messages = [{"role": "user", "content": "Hi"}]
+    for call, param in [(lambda: llm.create_completion("x", grammar="root ::= nope"), "grammar"),
+                        (lambda: llm.create_completion("x", grammar=b"root"), "grammar"),
+                        (lambda: llm.create_chat_completion(messages, grammar='root ::= "a"',
+                                                            response_format={"type": "json_object"}), "grammar"),
+                        (lambda: llm.create_chat_completion(messages, response_format={
+                            "type": "json_schema", "json_schema": {"schema": {"not": {}}}}), "response_format")]:
+        with pytest.raises(ParamError) as info:
+            call()
+        assert info.value.param == param, str(info.value)
 
 
 def test_a_constrained_sequence_is_the_same_alone_in_a_batch_and_on_one_thread(llm: Llama, smollm2_path) -> None:
