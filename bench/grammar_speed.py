@@ -164,7 +164,7 @@ def mask_llamacpp(exe: Path, model: str, gbnf: str, ids: list[int], work: Path,
 # ---- decode -----------------------------------------------------------------------------------------
 
 
-def decode_pyllm(llm: Llama, messages: list[dict], n: int, schema: dict | None) -> float:
+def decode_pyllm(llm: Llama, messages: list[dict], n: int, schema: dict | None) -> tuple[float, int]:
     kwargs: dict = {}
     if schema is not None:
         kwargs["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}

@@ -26,7 +26,7 @@ from . import catalogue
 from . import params as check
 from .arch import context_length
 from .gguf import GGUFFile
-from .grammar import LlamaGrammar, VocabIndex, response_format_grammar
+from .grammar import LlamaGrammar, VocabIndex
 from .kvcache import KVCache
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Model
@@ -448,9 +448,7 @@ class Llama:
         response_format: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
         {"schema": {...}}}, or {"type": "text"}; grammar: GBNF text or a LlamaGrammar. Give one or neither.
         """
-        constraint = response_format_grammar(response_format)
-        if constraint is not None and grammar is not None:
-            raise ParamError("give response_format or grammar, not both", "grammar")
+        constraint = check.constraint(grammar, response_format)
         prompt_tokens = self.tokenize_chat(messages)
         n_top = check.integer("top_logprobs", top_logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
         result = self._complete(prompt_tokens, "messages", max_tokens=max_tokens, temperature=temperature,
@@ -459,7 +457,7 @@ class Llama:
                                 repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
                                 logprobs=(n_top or 0) if check.boolean("logprobs", logprobs) else None,
                                 echo=False, model=model, context_shift=context_shift,
-                                grammar=grammar if constraint is None else constraint)
+                                grammar=constraint)
         if isinstance(result, CompletionStream):
             return self._chat_stream(result)
         assert isinstance(result, dict)

@@ -161,3 +161,14 @@ def grammar(value: Any, name: str = "grammar") -> Any:
 
     return as_grammar(value, name)
 
+
+
+def constraint(grammar_value: Any, response_format: Any) -> Any:
+    """`grammar` and `response_format` (OpenAI's: {"type": "text" | "json_object" | "json_schema", ...}) -> the
+    compiled pyllm.grammar.Grammar the output must match, or None. One of them at most may constrain."""
+    from .grammar import response_format_grammar
+
+    by_format = response_format_grammar(response_format)
+    if by_format is not None and grammar_value is not None:
+        raise ParamError("give response_format or grammar, not both", "grammar")
+    return by_format if by_format is not None else grammar(grammar_value)

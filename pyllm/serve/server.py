@@ -4,6 +4,9 @@
     GET  /v1/models, /health, /metrics           (metrics in the Prometheus text format)
     POST /tokenize, /detokenize                  (llama-server's shapes)
 
+Both completion endpoints take OpenAI's `response_format` (text, json_object, json_schema) and llama-server's
+`grammar` (GBNF text): the output is then constrained to it, streamed or not.
+
 Requests run on the Llama's engine: up to --parallel sequences decode together in one batch, the
 rest queue (and beyond the queue get 503). Answers do not depend on what else is running.
 
@@ -94,12 +97,14 @@ class _Sampling(_Strict):
     stream_options: dict[str, bool] | None = None
     n: int = 1
     user: str | None = None
+    # constrained output: checked by the same layer as the Python API's (params.constraint)
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None  # llama-server's field: GBNF text
     # not supported yet: refused by name rather than ignored
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
 
     def sampling_kwargs(self) -> dict[str, Any]:
         names = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
@@ -116,8 +121,6 @@ class _Sampling(_Strict):
         if self.functions or self.function_call is not None:
             raise APIError(400, "functions: function calls are not supported yet",
                            "functions" if self.functions else "function_call")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError(400, "response_format: only {'type': 'text'} is supported yet", "response_format")
 
 
 class CompletionBody(_Sampling):
@@ -431,7 +434,9 @@ class _Handlers:
             prompt = prompt[0]
         result = self.llm.create_completion(prompt, max_tokens=body.max_tokens, logprobs=body.logprobs,
                                             echo=body.echo, stream=body.stream, model=self.model_name,
-                                            context_shift=False, **body.sampling_kwargs())
+                                            context_shift=False, grammar=check.constraint(body.grammar,
+                                                                                          body.response_format),
+                                            **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
     def start_chat(self, raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
@@ -446,7 +451,7 @@ class _Handlers:
         result = self.llm.create_chat_completion(
             messages, max_tokens=body.max_completion_tokens or body.max_tokens, stream=body.stream,
             logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=self.model_name, context_shift=False,
-            **body.sampling_kwargs())
+            response_format=body.response_format, grammar=body.grammar, **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
     def tokenize(self, raw: bytes) -> dict[str, Any]:
