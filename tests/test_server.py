@@ -216,6 +216,48 @@ def test_response_formats_and_grammars_constrain_the_output(client: openai.OpenA
     assert error["param"] == "response_format" and "minimum" in error["message"]
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def test_tool_calls_through_the_openai_client(client: openai.OpenAI, server: _Server) -> None:
+    # SmolLM2's template knows nothing of tools: they go in as a system message, the call is forced by a grammar
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, ADD], tool_choice="required",
+                                         temperature=0.8, seed=2, max_tokens=64)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    schema = {WEATHER["function"]["name"]: WEATHER, "add": ADD}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    named = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, ADD], max_tokens=64,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           temperature=0)
+    call = named.choices[0].message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+    # the call and its result in the history; the answer is text
+    history = [*messages, named.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 22, "sky": "sunny"}'}]
+    final = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice="none",
+                                           temperature=0, max_tokens=12)
+    assert isinstance(final.choices[0].message.content, str) and not final.choices[0].message.tool_calls
+
+    for body, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                         "tool_choice"),
+                        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+                        ({"tools": [WEATHER], "tool_choice": "required", "stream": True}, "stream"),
+                        ({"tool_choice": "required"}, "tool_choice")]:
+        response = _post(server, "/v1/chat/completions", {"messages": messages, **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
 def test_tokenize_detokenize_and_metrics(server: _Server, llm: Llama) -> None:
     tokens = _post(server, "/tokenize", {"content": "Hello world"}).json()["tokens"]
     assert tokens == llm.tokenize(b"Hello world", add_bos=False)
