@@ -4,9 +4,10 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["Llama"]
+__all__ = ["Llama", "LlamaGrammar"]
 
 if TYPE_CHECKING:
+    from .grammar import LlamaGrammar
     from .llama import Llama
 
 
@@ -18,4 +19,9 @@ def __getattr__(name: str):
 
         globals()["Llama"] = Llama
         return Llama
+    if name == "LlamaGrammar":
+        from .grammar import LlamaGrammar
+
+        globals()["LlamaGrammar"] = LlamaGrammar
+        return LlamaGrammar
     raise AttributeError(f"module 'pyllm' has no attribute {name!r}")

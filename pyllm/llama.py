@@ -26,6 +26,7 @@ from . import catalogue
 from . import params as check
 from .arch import context_length
 from .gguf import GGUFFile
+from .grammar import LlamaGrammar, VocabIndex
 from .kvcache import KVCache
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Logits, Model
@@ -34,6 +35,7 @@ from .sampling import SamplingParams
 from .serve.engine import FINISHED, Engine, Request, Step
 from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .text.tokenizer import StreamDecoder, Tokenizer
+from .tools import history_for_template, instructions, parse_tool_calls, setup_tools
 
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
@@ -333,8 +335,12 @@ class Llama:
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: int | None = None, logit_bias: dict | None = None,
-                          model: str | None = None, *, context_shift: bool = True) -> dict[str, Any] | CompletionStream:
+                          model: str | None = None, grammar: str | LlamaGrammar | None = None, *,
+                          context_shift: bool = True) -> dict[str, Any] | CompletionStream:
         """Complete a prompt (text, where special-token text becomes those tokens, or token ids).
+
+        grammar: GBNF text or a LlamaGrammar (LlamaGrammar.from_json_schema for a JSON schema): only text it
+        admits is generated, and the completion stops ("stop") once the grammar can admit nothing more.
 
         max_tokens None or <= 0 generates until an end-of-generation token or the end of the context. With
         context_shift (the default) a generation that fills the context drops its oldest tokens and goes on; without
@@ -346,12 +352,12 @@ class Llama:
                               top_p=top_p, min_p=min_p, typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                               repeat_penalty=repeat_penalty, top_k=top_k, stream=stream, seed=seed,
-                              logit_bias=logit_bias, model=model, context_shift=context_shift)
+                              logit_bias=logit_bias, model=model, context_shift=context_shift, grammar=grammar)
 
     def _complete(self, prompt_tokens: list[int], prompt_param: str, *, max_tokens: Any, temperature: Any,
                   top_p: Any, min_p: Any, typical_p: Any, logprobs: Any, echo: Any, stop: Any, frequency_penalty: Any,
                   presence_penalty: Any, repeat_penalty: Any, top_k: Any, stream: Any, seed: Any, logit_bias: Any,
-                  model: Any, context_shift: Any) -> dict[str, Any] | CompletionStream:
+                  model: Any, context_shift: Any, grammar: Any = None) -> dict[str, Any] | CompletionStream:
         """A completion of prompt tokens; every argument checked here, once."""
         limit = self._budget(len(prompt_tokens), max_tokens, prompt_param, check.boolean("context_shift",
                                                                                           context_shift))
@@ -359,7 +365,10 @@ class Llama:
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=check.logit_bias(logit_bias,
                                                                                                self.n_vocab()),
-                                seed=self.seed if seed is None else seed, typical_p=typical_p)
+                                seed=self.seed if seed is None else seed, typical_p=typical_p,
+                                grammar=check.grammar(grammar))
+        if params.grammar is not None:
+            VocabIndex.for_tokenizer(self.tokenizer)  # built here, once, not on the engine's thread
         logprobs = check.integer("logprobs", logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
         echo, stream = check.boolean("echo", echo), check.boolean("stream", stream)
         stops = check.stop_strings(stop)
@@ -407,10 +416,13 @@ class Llama:
     def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | CompletionStream:
         return self.create_completion(prompt, **kwargs)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text of a chat: the file's template (or the family's built-in one) rendered in a worker
-        process with bounded time and memory (the template is the model file's code)."""
+        process with bounded time and memory (the template is the model file's code). `tools` (OpenAI's list of
+        functions) is the template's `tools` variable."""
         tok = self.tokenizer
+        extra = {} if tools is None else {"tools": tools}
         try:
             validate_messages(messages)
         except ChatTemplateError as exc:
@@ -421,9 +433,14 @@ class Llama:
                 add_generation_prompt=check.boolean("add_generation_prompt", add_generation_prompt),
                 bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else "",
                 eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None and tok.eos_id >= 0 else "",
-                family=self._file.get("general.architecture"))
+                family=self._file.get("general.architecture"), **extra)
         except ChatTemplateError as exc:
             raise ParamError(str(exc), "messages") from None
+
+    def template_renders_tools(self) -> bool:
+        """Whether the file's chat template writes the `tools` it is given (Qwen2.5's does; SmolLM2's does not)."""
+        template = self._file.get("tokenizer.chat_template")
+        return isinstance(template, str) and "tools" in template
 
     def create_chat_completion(self, messages: list[dict[str, Any]], temperature: float = 0.2, top_p: float = 0.95,
                                top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
@@ -431,35 +448,70 @@ class Llama:
                                max_tokens: int | None = None, presence_penalty: float = 0.0,
                                frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
                                logit_bias: dict | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, model: str | None = None, *,
+                               top_logprobs: int | None = None, model: str | None = None,
+                               response_format: dict[str, Any] | None = None,
+                               grammar: str | LlamaGrammar | None = None,
+                               tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, *,
                                context_shift: bool = True) -> dict[str, Any] | CompletionStream:
-        """Chat through the file's template (or the family's built-in one)."""
-        prompt_tokens = self.tokenize_chat(messages)
+        """Chat through the file's template (or the family's built-in one).
+
+        response_format: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
+        {"schema": {...}}}, or {"type": "text"}; grammar: GBNF text or a LlamaGrammar. Give one or neither.
+        tools, tool_choice: OpenAI's (see pyllm.tools); calls come back as message.tool_calls with finish_reason
+        "tool_calls". Not with stream yet.
+        """
+        constraint = check.constraint(grammar, response_format)
+        setup = setup_tools(tools, tool_choice)
+        if setup is not None and setup.grammar is not None:
+            if constraint is not None:
+                raise ParamError("a required or named tool_choice constrains the output already: give no "
+                                 "response_format or grammar with it", "tool_choice")
+            constraint = setup.grammar
+        if setup is not None and check.boolean("stream", stream):
+            raise ParamError("stream: streaming with tools is not supported yet", "stream")
+        renders_tools = self.template_renders_tools()
+        messages = history_for_template(messages, renders_tools)
+        if setup is not None and not renders_tools:            # the tools go in as a system message of ours
+            if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+                first = messages[0]
+                messages = [{**first, "content": f"{first.get('content')}\n\n{instructions(setup.tools)}"},
+                            *messages[1:]]
+            else:
+                messages = [{"role": "system", "content": instructions(setup.tools)}, *messages]
+        prompt_tokens = self.tokenize_chat(messages, tools=setup.tools if setup is not None and renders_tools
+                                           else None)
         n_top = check.integer("top_logprobs", top_logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
         result = self._complete(prompt_tokens, "messages", max_tokens=max_tokens, temperature=temperature,
                                 top_p=top_p, min_p=min_p, typical_p=typical_p, stop=stop, stream=stream, seed=seed,
                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
                                 logprobs=(n_top or 0) if check.boolean("logprobs", logprobs) else None,
-                                echo=False, model=model, context_shift=context_shift)
+                                echo=False, model=model, context_shift=context_shift,
+                                grammar=constraint)
         if isinstance(result, CompletionStream):
             return self._chat_stream(result)
         assert isinstance(result, dict)
         choice = result["choices"][0]
+        message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
+        finish = choice["finish_reason"]
+        if setup is not None:
+            content, calls = parse_tool_calls(choice["text"], setup.names)
+            if calls:
+                message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
         return {"id": "chat" + result["id"], "object": "chat.completion", "created": result["created"],
                 "model": result["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": choice["text"]},
-                             "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]}],
+                "choices": [{"index": 0, "message": message, "logprobs": choice["logprobs"],
+                             "finish_reason": finish}],
                 "usage": result["usage"], "timings": result["timings"]}
 
-    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt tokens of a chat: its template rendered, special-token text as those tokens, BOS added
         unless the template wrote it."""
         if isinstance(messages, list):
             for i, message in enumerate(messages):
                 if isinstance(message, dict) and isinstance(message.get("content"), str):
                     check.utf8(f"messages[{i}].content", message["content"])
-        prompt = self.apply_chat_template(messages)
+        prompt = self.apply_chat_template(messages, tools=tools)
         tok = self.tokenizer
         has_bos = tok.bos_id is not None and tok.bos_id >= 0 and prompt.startswith(tok.token_text(tok.bos_id))
         return self.tokenize(check.utf8("messages", prompt), add_bos=not has_bos, special=True)

@@ -150,3 +150,25 @@ def token_ids(name: str, value: Any, n_vocab: int) -> list[int]:
             raise ParamError(f"{name}: token ids must be integers in [0, {n_vocab}), not {t!r}"[:200], name)
         ids.append(int(t))
     return ids
+
+
+def grammar(value: Any, name: str = "grammar") -> Any:
+    """`grammar`: None, GBNF text, a LlamaGrammar or a compiled pyllm.grammar.Grammar -> the compiled Grammar
+    (a bad grammar is a GrammarError, a ParamError naming `name`, that says where)."""
+    if value is None:
+        return None
+    from .grammar import as_grammar  # here, not at the top: pyllm.grammar imports this module
+
+    return as_grammar(value, name)
+
+
+
+def constraint(grammar_value: Any, response_format: Any) -> Any:
+    """`grammar` and `response_format` (OpenAI's: {"type": "text" | "json_object" | "json_schema", ...}) -> the
+    compiled pyllm.grammar.Grammar the output must match, or None. One of them at most may constrain."""
+    from .grammar import response_format_grammar
+
+    by_format = response_format_grammar(response_format)
+    if by_format is not None and grammar_value is not None:
+        raise ParamError("give response_format or grammar, not both", "grammar")
+    return by_format if by_format is not None else grammar(grammar_value)

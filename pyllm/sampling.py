@@ -22,6 +22,10 @@ with llama.cpp's definitions of each stage:
   ``logit >= max_logit + log(min_p)``; off at ``min_p = 0``).
 * **temperature**: divide the logits by ``temperature``, softmax, draw one token.
 
+With a grammar (a `GrammarMatcher` passed to `sample`), the tokens it does not allow next get ``-inf``
+first, after bias and penalties and before every other stage: the chain then runs over the allowed
+tokens only. End-of-generation tokens are allowed only where the grammar can end.
+
 The probabilities of each stage are those of the tokens still in the running, computed
 from the (biased, penalised) logits *before* temperature, as llama.cpp does.
 ``temperature == 0`` is greedy decoding: the argmax of the biased, penalised logits, with
@@ -97,6 +101,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     logit_bias: dict[int, float] | None = field(default=None)
     seed: int | None = None
+    grammar: Any = None  # a compiled pyllm.grammar.Grammar (GBNF text and LlamaGrammar are compiled on construction)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -114,6 +119,7 @@ class SamplingParams:
             put("penalty_last_n", check.integer("penalty_last_n", self.penalty_last_n, minimum=-1))
             put("logit_bias", check.logit_bias(self.logit_bias))
             put("seed", check.integer("seed", self.seed, minimum=0, optional=True))
+            put("grammar", check.grammar(self.grammar))
         except ParamError as exc:  # one exception type for every sampling setting, still naming it
             raise _as_sampling_error(exc) from None
 
@@ -288,11 +294,12 @@ class Sampler:
 
     # -- public entry points -------------------------------------------------------------
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """The next token id for this row of logits (shape ``(n_vocab,)``)."""
-        if self.params.greedy and not self.params.has_penalties and _is_float32_row(logits):
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), matcher: Any = None) -> int:
+        """The next token id for this row of logits (shape ``(n_vocab,)``), among the tokens `matcher` (a
+        pyllm.grammar.GrammarMatcher) allows when one is given; the caller advances the matcher."""
+        if matcher is None and self.params.greedy and not self.params.has_penalties and _is_float32_row(logits):
             return self._greedy(logits)
-        x = self._prepare(logits, history, self._work_buffer(logits))
+        x = self._prepare(logits, history, self._work_buffer(logits), matcher)
         if self.params.greedy:
             return int(np.argmax(x))
         ids, vals = self._truncate(x)
@@ -318,14 +325,15 @@ class Sampler:
             raise SamplingError(f"logit_bias token {bad} is outside the vocabulary (n_vocab={n})")
         self._bias_checked_for = n
 
-    def process(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+    def process(self, logits: np.ndarray, history: Sequence[int] = (), matcher: Any = None) -> np.ndarray:
         """The logits the final draw sees, before temperature, as a new float32 ``(n_vocab,)`` array.
 
         Tokens removed by bias, top-k, typical, top-p or min-p are ``-inf``; the others hold
         their biased, penalised logits. With temperature 0 nothing is truncated: the result
-        is the biased, penalised logits, whose argmax `sample` returns.
+        is the biased, penalised logits, whose argmax `sample` returns. With a `matcher`, the tokens it does
+        not allow are -inf too.
         """
-        x = self._prepare(logits, history, None)
+        x = self._prepare(logits, history, None, matcher)
         if self.params.greedy:
             return x
         ids, vals = self._truncate(x)
@@ -346,8 +354,10 @@ class Sampler:
             self._buf_c = ffi.from_buffer("float[]", self._buf)  # the greedy path's scratch, for the C call
         return self._buf
 
-    def _prepare(self, logits: np.ndarray, history: Sequence[int], out: np.ndarray | None) -> np.ndarray:
-        """Copy the logits to float32 (into `out` if given), apply bias and penalties, check them."""
+    def _prepare(self, logits: np.ndarray, history: Sequence[int], out: np.ndarray | None,
+                 matcher: Any = None) -> np.ndarray:
+        """Copy the logits to float32 (into `out` if given), apply bias, penalties and the grammar's mask, check
+        them."""
         a = np.asarray(logits)
         if a.ndim != 1 or a.shape[0] == 0:
             raise SamplingError(f"logits must be a non-empty 1-D array, got shape {a.shape}")
@@ -367,6 +377,8 @@ class Sampler:
         p = self.params
         if p.has_penalties:
             self._apply_penalties(x, history)
+        if matcher is not None:
+            matcher.mask_logits(x)
 
         _check_top(x.max())
         return x

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import jsonschema
 import openai
 import pytest
 import uvicorn
@@ -153,7 +154,13 @@ def test_openai_client_errors(server: _Server, client: openai.OpenAI) -> None:
     ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, None, 400, "tools"),
     ({"prompt": "hi", "tool_choice": "required"}, None, 400, "tool_choice"),
     ({"prompt": "hi", "functions": [{"name": "f"}]}, None, 400, "functions"),
-    ({"prompt": "hi", "response_format": {"type": "json_object"}}, None, 400, "response_format"),
+    # constraints the validation layer refuses, named as the Python API names them
+    ({"prompt": "hi", "response_format": {"type": "xml"}}, None, 400, "response_format"),
+    ({"prompt": "hi", "response_format": "json"}, None, 400, "response_format"),
+    ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "patternProperties": {"^a": {}}}}}}, None, 400, "response_format"),
+    ({"prompt": "hi", "grammar": "root ::= nope"}, None, 400, "grammar"),
+    ({"prompt": "hi", "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, None, 400, "grammar"),
     ({"prompt": "hi", "suffix": "x"}, None, 400, "suffix"),
 ])
 def test_bad_completion_requests_get_a_4xx_naming_the_field(server: _Server, body, raw, status, param) -> None:
@@ -172,6 +179,97 @@ def test_bad_chat_requests_and_auth(server: _Server) -> None:
         response = _post(server, "/v1/completions", {"prompt": "hi"}, key=key)
         assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # open without a key
+
+
+@pytest.fixture(scope="module")
+def quick_server(smollm2_path):
+    """A server on one thread for the tests that generate tens of tokens: on a shared two-core machine two threads
+    that wait for each other at every barrier run many times slower (the answers are the same)."""
+    model = Llama(str(smollm2_path), n_ctx=N_CTX, n_threads=1, n_parallel=2, prefill_chunk=64)
+    s = _Server(model, API_KEY)
+    yield s
+    s.stop()
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def quick_client(quick_server: _Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=quick_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                              "population": {"type": "integer", "minimum": 0}},
+               "required": ["city", "population"], "additionalProperties": False}
+
+
+def test_response_formats_and_grammars_constrain_the_output(quick_client: openai.OpenAI,
+                                                             quick_server: _Server) -> None:
+    client, server = quick_client, quick_server
+    messages = [{"role": "user", "content": "What country is Paris in? Answer in JSON."}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40,
+                                         response_format={"type": "json_object"})
+    assert out.choices[0].finish_reason == "stop", out.choices[0].message.content
+    assert isinstance(json.loads(out.choices[0].message.content), dict)
+
+    schema_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}}
+    out = client.chat.completions.create(model=MODEL, messages=messages, temperature=0.8, seed=1, max_tokens=40,
+                                         response_format=schema_format)
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), CITY_SCHEMA)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, temperature=0.8, seed=1, max_tokens=40,
+                                            response_format=schema_format, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == out.choices[0].message.content
+
+    text = client.completions.create(model=MODEL, prompt="The population of Paris, as JSON:", max_tokens=40,
+                                     temperature=0, extra_body={"response_format": schema_format}).choices[0].text
+    jsonschema.validate(json.loads(text), CITY_SCHEMA)
+    response = _post(server, "/v1/completions", {"prompt": "Is the sea salty?", "grammar": 'root ::= "yes" | "no"',
+                                                 "max_tokens": 8})
+    assert response.json()["choices"][0]["text"] in ("yes", "no")
+
+    response = _post(server, "/v1/chat/completions", {"messages": messages, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "integer", "minimum": "one"}}}})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "response_format" and "minimum" in error["message"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def test_tool_calls_through_the_openai_client(quick_client: openai.OpenAI, quick_server: _Server) -> None:
+    client, server = quick_client, quick_server
+    # SmolLM2's template knows nothing of tools: they go in as a system message, the call is forced by a grammar
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, ADD], tool_choice="required",
+                                         temperature=0.8, seed=2, max_tokens=64)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    schema = {"get_weather": WEATHER, "add": ADD}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+    # the call and its result in the history; the answer is text (a named choice's grammar: tests/test_tools.py)
+    history = [*messages, choice.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 22, "sky": "sunny"}'}]
+    final = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER, ADD], tool_choice="none",
+                                           temperature=0, max_tokens=8)
+    assert isinstance(final.choices[0].message.content, str) and not final.choices[0].message.tool_calls
+
+    for body, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                         "tool_choice"),
+                        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+                        ({"tools": [WEATHER], "tool_choice": "required", "stream": True}, "stream"),
+                        ({"tool_choice": "required"}, "tool_choice")]:
+        response = _post(server, "/v1/chat/completions", {"messages": messages, **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
 def test_tokenize_detokenize_and_metrics(server: _Server, llm: Llama) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..grammar import GrammarMatcher, VocabIndex
 from ..kvcache import KVCache
 from ..model import ContextFullError, Model
 from ..sampling import Sampler, SamplingError, SamplingParams
@@ -133,6 +134,7 @@ class _Sequence:
     next_token: int | None = None  # sampled, to be run in the next step
     shifted: bool = False          # the cache no longer holds a plain prefix of `fed`
     last_token_at: float = 0.0
+    matcher: GrammarMatcher | None = None  # where the output is in the request's grammar, if it has one
 
 
 class Engine:
@@ -262,6 +264,15 @@ class Engine:
             if request.cancelled:
                 self._finish_request(request, "cancelled")
                 continue
+            matcher = None
+            if request.params.grammar is not None:
+                try:  # the vocabulary's index is built on a tokenizer's first grammar (Llama builds it earlier)
+                    matcher = GrammarMatcher(request.params.grammar, VocabIndex.for_tokenizer(self.tokenizer))
+                except Exception as exc:  # noqa: BLE001 - this request fails, not the engine
+                    failure = RequestFailedError(f"the grammar could not be set up: {type(exc).__name__}: {exc}")
+                    failure.__cause__ = exc
+                    self._post(request, failure)
+                    continue
             try:
                 cache, n_cached = self.prefix_cache.acquire(request.prompt)
             except Exception as exc:  # noqa: BLE001 - e.g. no memory for its cache: this request fails, not the engine
@@ -276,7 +287,7 @@ class Engine:
             if n_cached:
                 self.metrics.prefix_cache_hits.inc()
             self._active.append(_Sequence(request, cache, request.prompt[:n_cached], request.prompt[n_cached:],
-                                          Sampler(request.params), list(request.prompt)))
+                                          Sampler(request.params), list(request.prompt), matcher=matcher))
         self.metrics.requests_queued.set(len(self._waiting))
         self.metrics.sequences_active.set(len(self._active))
 
@@ -341,10 +352,12 @@ class Engine:
 
     def _sample(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
         request = seq.request
-        token = seq.sampler.sample(logits, seq.history)
+        token = seq.sampler.sample(logits, seq.history, seq.matcher)
         if self.tokenizer.is_eog(token):
             self._finish(seq, "stop")
             return
+        if seq.matcher is not None:
+            seq.matcher.accept(token)
         step = Step(token, self.tokenizer.token_to_piece(token))
         if request.n_logprobs is not None:
             step.logprob, top_ids = seq.sampler.logprobs(logits, token, request.n_logprobs)
@@ -363,6 +376,8 @@ class Engine:
         seq.next_token = token
         if request.n_generated >= request.max_tokens:
             self._finish(seq, "length")
+        elif seq.matcher is not None and seq.matcher.is_complete:  # the grammar admits nothing more
+            self._finish(seq, "stop")
 
     def _shift(self, seq: _Sequence) -> None:
         """The context is full: keep the BOS (if any), drop the older half of the rest."""

@@ -4,6 +4,11 @@
     GET  /v1/models, /health, /metrics           (metrics in the Prometheus text format)
     POST /tokenize, /detokenize                  (llama-server's shapes)
 
+Both completion endpoints take OpenAI's `response_format` (text, json_object, json_schema) and llama-server's
+`grammar` (GBNF text): the output is then constrained to it, streamed or not. Chat completions take `tools` and
+`tool_choice` (pyllm.tools): calls come back as `message.tool_calls`, and the history may hold them and the
+`role: "tool"` results.
+
 Requests run on the Llama's engine: up to --parallel sequences decode together in one batch, the
 rest queue (and beyond the queue get 503). Answers do not depend on what else is running.
 
@@ -94,30 +99,30 @@ class _Sampling(_Strict):
     stream_options: dict[str, bool] | None = None
     n: int = 1
     user: str | None = None
-    # not supported yet: refused by name rather than ignored
+    # constrained output: checked by the same layer as the Python API's (params.constraint)
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None  # llama-server's field: GBNF text
+    # tool calls, on chat completions only (checked by pyllm.tools); the older functions API is refused by name
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
 
     def sampling_kwargs(self) -> dict[str, Any]:
         names = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
                  "frequency_penalty", "logit_bias", "seed", "stop")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
-    def refuse_unsupported(self) -> None:
+    def refuse_unsupported(self, chat: bool) -> None:
         if self.n != 1:
             raise APIError(400, f"n: only one choice per request is supported, not {self.n}", "n")
-        if self.tools:
-            raise APIError(400, "tools: tool calls are not supported yet", "tools")
-        if self.tool_choice not in (None, "none"):
-            raise APIError(400, "tool_choice: tool calls are not supported yet", "tool_choice")
+        if not chat and self.tools:
+            raise APIError(400, "tools: tool calls are for /v1/chat/completions", "tools")
+        if not chat and self.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice: tool calls are for /v1/chat/completions", "tool_choice")
         if self.functions or self.function_call is not None:
             raise APIError(400, "functions: function calls are not supported yet",
                            "functions" if self.functions else "function_call")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError(400, "response_format: only {'type': 'text'} is supported yet", "response_format")
 
 
 class CompletionBody(_Sampling):
@@ -133,9 +138,35 @@ class ContentPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None           # which call a tool message answers
+    name: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as the chat template takes it: parts joined, the developer role as system."""
+        content = self.content if isinstance(self.content, str) or self.content is None \
+            else "".join(part.text for part in self.content)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 class ChatBody(_Sampling):
@@ -423,7 +454,7 @@ class _Handlers:
     def start_completion(self, raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
         body = parse(raw, CompletionBody)
         self.check_model(body.model)
-        body.refuse_unsupported()
+        body.refuse_unsupported(chat=False)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -431,22 +462,22 @@ class _Handlers:
             prompt = prompt[0]
         result = self.llm.create_completion(prompt, max_tokens=body.max_tokens, logprobs=body.logprobs,
                                             echo=body.echo, stream=body.stream, model=self.model_name,
-                                            context_shift=False, **body.sampling_kwargs())
+                                            context_shift=False, grammar=check.constraint(body.grammar,
+                                                                                          body.response_format),
+                                            **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
     def start_chat(self, raw: bytes) -> tuple[dict[str, Any] | CompletionStream, bool]:
         body = parse(raw, ChatBody)
         self.check_model(body.model)
-        body.refuse_unsupported()
+        body.refuse_unsupported(chat=True)
         if not body.messages:
             raise APIError(400, "messages: give at least one message", "messages")
-        messages = [{"role": "system" if m.role == "developer" else m.role,
-                     "content": m.content if isinstance(m.content, str) or m.content is None
-                     else "".join(part.text for part in m.content)} for m in body.messages]
         result = self.llm.create_chat_completion(
-            messages, max_tokens=body.max_completion_tokens or body.max_tokens, stream=body.stream,
-            logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=self.model_name, context_shift=False,
-            **body.sampling_kwargs())
+            [m.as_dict() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
+            stream=body.stream, logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=self.model_name,
+            context_shift=False, response_format=body.response_format, grammar=body.grammar, tools=body.tools,
+            tool_choice=body.tool_choice, **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
     def tokenize(self, raw: bytes) -> dict[str, Any]:
