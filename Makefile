@@ -59,7 +59,7 @@ test-asan-py:
 	PYLLM_EXTRA_CFLAGS="-O0 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	PYLLM_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
 	    $(PYTHON) setup.py -q build_ext --build-lib $(ASAN_PY) --build-temp $(ASAN_PY)/temp
-	ln -s $(abspath $(wildcard pyllm/*.py)) $(ASAN_PY)/pyllm/
+	ln -s $(abspath $(wildcard pyllm/*.py) $(filter-out %/__pycache__/,$(wildcard pyllm/*/))) $(ASAN_PY)/pyllm/
 	LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	    PYTHONPATH=$(ASAN_PY) $(PYTHON) tests/sanitized_forward.py $(ASAN_PY)
 	$(PYTHON) -m tests.fuzz.gguf_fuzz --files 1000 --seed 3 --sanitized $(ASAN_PY)
