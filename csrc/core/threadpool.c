@@ -5,8 +5,11 @@
  * The caller publishes a task under a new generation number; workers watch
  * the generation, spinning for a short while after each task (decode runs
  * hundreds of small matmuls per token, so the next task is usually close)
- * and falling back to a condition variable. Workers with an index below nth
- * run the task; the last to finish wakes the caller if it went to sleep.
+ * and falling back to a condition variable. Each share ith of a task is taken
+ * once, by its worker or, if that worker has not come for it by the time the
+ * caller is done with its own share, by the caller: a worker the system has
+ * not scheduled (another process on the core) delays nothing. The last worker
+ * to finish wakes the caller if it went to sleep.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,6 +31,8 @@
  * (bench/README.md). */
 #define SPIN_LIMIT 50000
 
+enum { SHARE_OPEN = 0, SHARE_WORKER = 1, SHARE_CALLER = 2 };
+
 static struct {
     pthread_mutex_t run_lock;     /* one task at a time */
     pthread_mutex_t lock;         /* guards sleeping and waking */
@@ -35,7 +40,9 @@ static struct {
     pthread_cond_t done;
     int n_workers;                /* started workers, indices 1..n_workers (under lock) */
     _Atomic unsigned long generation;
-    atomic_int pending;           /* workers of the current task still running */
+    atomic_int pending;           /* shares of the current task taken by workers and not yet done */
+    /* share i of the task of generation g: (g << 2) | SHARE_*; the one who moves it from SHARE_OPEN runs it */
+    _Atomic unsigned long long share[PYLLM_MAX_THREADS];
     pool_task_fn fn;              /* the task: written before generation is bumped */
     void *ctx;
     int nth;
@@ -60,6 +67,13 @@ static void wait_for_task(unsigned long seen) {
     pthread_mutex_unlock(&pool.lock);
 }
 
+/* Whether share ith of generation g's task was still open and is now `who`'s to run. */
+static int take_share(int ith, unsigned long g, int who) {
+    unsigned long long open = (unsigned long long)g << 2 | SHARE_OPEN;
+    return atomic_compare_exchange_strong_explicit(&pool.share[ith], &open, (unsigned long long)g << 2 | (unsigned)who,
+                                                   memory_order_acq_rel, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg) {
     const int ith = (int)(intptr_t)arg;
     pthread_mutex_lock(&pool.lock);
@@ -76,7 +90,7 @@ static void *worker_main(void *arg) {
         void *const ctx = pool.ctx;
         const int nth = pool.nth;
         pthread_mutex_unlock(&pool.lock);
-        if (ith >= nth) continue;
+        if (ith >= nth || !take_share(ith, seen, SHARE_WORKER)) continue;
         fn(ctx, ith, nth);
         if (atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&pool.lock);
@@ -121,11 +135,21 @@ int pyllm_pool_run(int nth, pool_task_fn fn, void *ctx) {
     pool.ctx = ctx;
     pool.nth = nth;
     atomic_store_explicit(&pool.pending, nth - 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    const unsigned long g = atomic_load_explicit(&pool.generation, memory_order_relaxed) + 1;
+    for (int i = 1; i < nth; ++i) {
+        atomic_store_explicit(&pool.share[i], (unsigned long long)g << 2 | SHARE_OPEN, memory_order_relaxed);
+    }
+    atomic_store_explicit(&pool.generation, g, memory_order_release);
     pthread_cond_broadcast(&pool.start);
     pthread_mutex_unlock(&pool.lock);
 
     fn(ctx, 0, nth);
+    for (int i = 1; i < nth; ++i) {  /* the shares no worker has come for */
+        if (take_share(i, g, SHARE_CALLER)) {
+            fn(ctx, i, nth);
+            atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
+        }
+    }
 
     for (int spin = 0; spin < SPIN_LIMIT && atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spin) {
         cpu_relax();
