@@ -36,6 +36,7 @@ from .model import ContextFullError, Logits, Model
 from .params import ParamError, ParamTypeError
 from .sampling import SamplingParams
 from .serve.engine import FINISHED, Engine, Request, Step
+from .state import LlamaState, model_identity
 from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .text.tokenizer import StreamDecoder, Tokenizer
 from .tools import history_for_template, instructions, parse_tool_calls, setup_tools
@@ -248,7 +249,9 @@ class Llama:
             self._file.close()
             raise
         self._engine: Engine | None = None
-        self._last_request: Request | None = None  # the last generation's: its cache is the context save_state saves
+        # the last completion's requests: the context save_state saves is the cache the last of them left
+        self._last_requests: list[Request] = []
+        self._model_id: str | None = None
 
     def _check_memory(self, model: Model) -> None:
         """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
@@ -435,6 +438,7 @@ class Llama:
         choice_params = [params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
                          for i in range(n)]
         requests = self.engine.submit_group(list(prompt_tokens), choice_params, limit, logprobs)
+        self._last_requests = requests
         shape = chat_shape if chat else completion_shape
 
         def chunk(index: int, text: str, finish: str | None, entries: list | None) -> dict[str, Any]:
@@ -482,7 +486,6 @@ class Llama:
         finally:
             for request in requests:
                 request.cancel()
-        self._last_request = requests[-1]
         result = chunk(0, "", None, None)
         result["choices"] = choices
         result["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_completion,
@@ -623,6 +626,71 @@ class Llama:
 
         completion._owns_request = False
         return CompletionStream([chat_lane(lane) for lane in completion.lanes], [])
+
+    # ---- saved state ------------------------------------------------------------
+
+    def model_identity(self) -> str:
+        """The model file's identity as saved states record it (pyllm.state.model_identity)."""
+        if self._model_id is None:
+            self._model_id = model_identity(self.model_path, self._file.data_offset)
+        return self._model_id
+
+    def save_state(self) -> LlamaState:
+        """The current context: the tokens of the last completion (its prompt and what it generated) and the KV
+        cache that holds them, copied.
+
+        As in llama-cpp-python, a Llama keeps the context of its last call, and a prompt that extends it
+        continues from it rather than reading it again (here through the prefix cache, which keeps several).
+        `load_state` puts a saved context back, so a long prompt read once, e.g. by
+        `create_completion(document, max_tokens=1)`, serves later prompts that start with it, bit for bit as if
+        it had just been read. With n > 1 the context is that of the choice that finished last.
+        """
+        model = self._require_model()
+        if not self._last_requests:
+            raise ValueError("save_state: there is no context yet: run a completion first")
+        for request in self._last_requests:  # a cancelled one (a stop string) is let go at the engine's next step
+            if not request.wait_done(timeout=60):
+                raise ValueError("save_state: the last completion is still running")
+        identity = self.model_identity()
+        state = self.engine.prefix_cache.latest(lambda tokens, cache: LlamaState.from_cache(identity, tokens,
+                                                                                            cache))
+        if state is None:
+            raise ValueError("save_state: the last context is no longer held (a later generation took it over, or "
+                             "the prefix cache's cache_bytes evicted it)")
+        assert len(state.layers) == model.config.n_layer
+        return state
+
+    def load_state(self, state: LlamaState) -> None:
+        """Make `state` (from save_state or load_session) the current context: the next prompt that extends its
+        tokens continues from its cache. A state from another model file is refused (ParamError)."""
+        self._require_model()
+        if not isinstance(state, LlamaState):
+            raise ParamTypeError(f"state must be a LlamaState (from save_state), not {type(state).__name__}",
+                                 "state")
+        if state.model != self.model_identity():
+            raise ParamError(f"state: saved from another model file than {self.model_path} (its identity "
+                             f"{state.model[:16]}..., this file's {self.model_identity()[:16]}...)", "state")
+        check.token_ids("state.tokens", state.tokens, self.n_vocab())
+        prefixes = self.engine.prefix_cache
+        cache = prefixes.new_cache()
+        try:
+            state.into_cache(cache)
+        except BaseException:
+            prefixes.discard(cache)
+            raise
+        self._last_requests = []
+        prefixes.release(cache, list(state.tokens))
+
+    def save_session(self, path: str | os.PathLike[str]) -> None:
+        """Write the current context (save_state) to a file (its format: pyllm.state)."""
+        self.save_state().save(path)
+
+    def load_session(self, path: str | os.PathLike[str]) -> LlamaState:
+        """Read a file save_session wrote and make it the current context (load_state); returns the state. A file
+        from another model, truncated or damaged is refused with a ParamError saying which."""
+        state = LlamaState.load(path)
+        self.load_state(state)
+        return state
 
     def reset(self) -> None:
         """Forget the cached prompts."""
