@@ -4,6 +4,8 @@ of one choice each."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -164,3 +166,24 @@ def test_n_is_bounded(llm: Llama, n) -> None:
     with pytest.raises(ParamError) as err:
         llm.create_completion(PROMPT, max_tokens=1, n=n)
     assert err.value.param == "n"
+
+
+def test_followers_read_the_prompt_themselves_when_their_leader_is_cancelled(llm: Llama) -> None:
+    from pyllm.sampling import SamplingParams
+
+    prompt = llm.tokenize((PROMPT + " and the sea is deep.").encode() * 6)
+    params = [SamplingParams(temperature=1.0, seed=20 + i) for i in range(3)]
+
+    def tokens(requests) -> list[list[int]]:
+        return [[step.token for step in request] for request in requests]
+
+    llm.reset()
+    want = tokens(llm.engine.submit_group(prompt, params, 5))
+    for wait in (False, True):  # the leader cancelled at once, and (most likely) once all three are admitted
+        llm.reset()
+        requests = llm.engine.submit_group(prompt, params, 5)
+        deadline = time.monotonic() + 5
+        while wait and llm.engine.n_active < 3 and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        requests[0].cancel()
+        assert tokens(requests[1:]) == want[1:]
