@@ -4,11 +4,12 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["Llama", "LlamaGrammar"]
+__all__ = ["Llama", "LlamaGrammar", "LlamaState"]
 
 if TYPE_CHECKING:
     from .grammar import LlamaGrammar
     from .llama import Llama
+    from .state import LlamaState
 
 
 def __getattr__(name: str):
@@ -24,4 +25,9 @@ def __getattr__(name: str):
 
         globals()["LlamaGrammar"] = LlamaGrammar
         return LlamaGrammar
+    if name == "LlamaState":
+        from .state import LlamaState
+
+        globals()["LlamaState"] = LlamaState
+        return LlamaState
     raise AttributeError(f"module 'pyllm' has no attribute {name!r}")

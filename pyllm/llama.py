@@ -14,10 +14,12 @@ computed; `usage.prompt_tokens_details.cached_tokens` says how many were reused.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,11 +30,13 @@ from .arch import context_length
 from .gguf import GGUFFile
 from .grammar import LlamaGrammar, VocabIndex
 from .kvcache import KVCache
+from .logprobs import LogprobTrack, chat_shape, completion_shape
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Logits, Model
 from .params import ParamError, ParamTypeError
 from .sampling import SamplingParams
 from .serve.engine import FINISHED, Engine, Request, Step
+from .state import LlamaState, model_identity
 from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .text.tokenizer import StreamDecoder, Tokenizer
 from .tools import history_for_template, instructions, parse_tool_calls, setup_tools
@@ -79,72 +83,119 @@ class _TextStream:
         return [(text, None, "length" if request.finish_reason == "length" else "stop")]
 
 
-class CompletionStream(Iterator[dict[str, Any]]):
-    """The chunks of a streamed completion. Iterating waits for the engine; `poll()` takes what is ready
-    without waiting (an event loop's way: Request.on_event says when to look again). `cancel()` (from any
-    thread) stops the generation at the engine's next step; the iteration then ends."""
+@dataclass(eq=False)
+class _Lane:
+    """One choice of a streamed completion: its request, its text, and how a piece of it becomes chunks."""
+    request: Request
+    text: _TextStream
+    chunks: Callable[[Piece], list[dict[str, Any]]]
+    ended: bool = False
 
-    def __init__(self, request: Request, text: _TextStream, chunks: Callable[[Piece], list[dict[str, Any]]],
-                 first: list[dict[str, Any]]) -> None:
-        self.request = request
-        self._text = text
-        self._chunks = chunks   # a piece -> its chunks
+
+class CompletionStream(Iterator[dict[str, Any]]):
+    """The chunks of a streamed completion (of each of its choices, as they come). Iterating waits for the
+    engine; `poll()` takes what is ready without waiting (an event loop's way: `set_listener` says when to look
+    again). `cancel()` (from any thread) stops the generation at the engine's next step; the iteration then
+    ends. `request` is the first choice's request, `requests` all of them."""
+
+    def __init__(self, lanes: list[_Lane], first: list[dict[str, Any]]) -> None:
+        self.lanes = lanes
+        self.requests = [lane.request for lane in lanes]
+        self.request = self.requests[0]
         self._ready: deque[dict[str, Any]] = deque(first)
-        self._ended = False
         self._owns_request = True  # dropped unread, it cancels the generation (unless another stream took it over)
+        self._arrived = threading.Event()   # several choices: iterating waits for any of them
+        self._listener: Callable[[], None] | None = None
+        if len(lanes) > 1:
+            for request in self.requests:
+                request.on_event = self._notify
+
+    def _notify(self) -> None:
+        self._arrived.set()
+        listener = self._listener
+        if listener is not None:
+            listener()
+
+    def set_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on the engine's thread) whenever poll() may find something new."""
+        if len(self.lanes) == 1:
+            self.request.on_event = listener
+        else:
+            self._listener = listener
+
+    @property
+    def _ended(self) -> bool:
+        return all(lane.ended for lane in self.lanes)
 
     def __next__(self) -> dict[str, Any]:
         while not self._ready:
             if self._ended:
                 raise StopIteration
-            self._take(self.request.next_event())
+            if len(self.lanes) == 1:
+                self._take(self.lanes[0], self.request.next_event())
+                continue
+            self._arrived.clear()
+            if not self._drain():
+                self._arrived.wait()
         return self._ready.popleft()
 
     def poll(self) -> list[dict[str, Any]] | None:
         """The chunks ready now: [] when none has come yet, None once the stream has ended and all were taken.
         Raises what the engine raised for the request."""
-        while not self._ended and (event := self.request.next_event(block=False)) is not None:
-            self._take(event)
+        self._drain()
         if self._ended and not self._ready:
             return None
         ready = list(self._ready)
         self._ready.clear()
         return ready
 
-    def _take(self, event: object) -> None:
+    def _drain(self) -> bool:
+        """Take every event that has come, without waiting; whether there was one."""
+        took = False
+        for lane in self.lanes:
+            while not lane.ended and (event := lane.request.next_event(block=False)) is not None:
+                self._take(lane, event)
+                took = True
+        return took
+
+    def _take(self, lane: _Lane, event: object) -> None:
         if event is FINISHED:
-            self._ended = True
-            pieces = self._text.finish(self.request)
+            lane.ended = True
+            pieces = lane.text.finish(lane.request)
         elif isinstance(event, BaseException):
-            self._ended = True
+            self.close()  # one choice failed: the answer has failed
             raise event
         else:
             assert isinstance(event, Step)
-            pieces = self._text.feed(event)
-            if self._text.stopped:
-                self._ended = True
-                self.request.cancel()
+            pieces = lane.text.feed(event)
+            if lane.text.stopped:
+                lane.ended = True
+                lane.request.cancel()
         for piece in pieces:
-            self._ready.extend(self._chunks(piece))
+            self._ready.extend(lane.chunks(piece))
 
     def cancel(self) -> None:
-        self.request.cancel()
+        for request in self.requests:
+            request.cancel()
 
     def close(self) -> None:
         """Stop and let go (from the iterating thread)."""
-        self.request.cancel()
-        self._ended = True
+        self.cancel()
+        for lane in self.lanes:
+            lane.ended = True
         self._ready.clear()
 
     def __del__(self) -> None:
         if self._owns_request:
-            self.request.cancel()  # a stream dropped unread must not keep generating
+            self.cancel()  # a stream dropped unread must not keep generating
 
 
 # Positions are int32 in the C core; the memory check below refuses far less than this on a real machine.
 MAX_CTX = 2**31 - 1
 MAX_THREADS = 256  # csrc/threadpool.h PYLLM_MAX_THREADS
 MAX_PARALLEL = 1024
+MAX_CHOICES = 16       # n: choices of one prompt (OpenAI allows 128; each takes a sequence slot and a KV cache)
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on chat's top_logprobs
 
 
 def _timings(request: Request, finished_at: float) -> dict[str, Any]:
@@ -198,6 +249,9 @@ class Llama:
             self._file.close()
             raise
         self._engine: Engine | None = None
+        # the last completion's requests: the context save_state saves is the cache the last of them left
+        self._last_requests: list[Request] = []
+        self._model_id: str | None = None
 
     def _check_memory(self, model: Model) -> None:
         """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
@@ -310,24 +364,21 @@ class Llama:
                                    f"{self.n_ctx}", "max_tokens")
         return max_tokens
 
-    def _run_completion(self, request: Request, stop: list[str]) -> Iterator[tuple[str, Step | None, str | None]]:
+    @staticmethod
+    def _completion_text(request: Request, text: _TextStream) -> Iterator[Piece]:
         """Yields (text delta, step, finish_reason); the last item carries the finish reason.
 
         Text is held back while it could still become a stop string, and never split inside a character.
         Leaving the loop early (a closed stream, Ctrl-C) cancels the request.
         """
         try:
-            yield from self._completion_text(request, stop)
+            for step in request:
+                yield from text.feed(step)
+                if text.stopped:
+                    return
+            yield from text.finish(request)
         finally:
             request.cancel()
-
-    def _completion_text(self, request: Request, stop: list[str]) -> Iterator[Piece]:
-        text = _TextStream(self.tokenizer, stop)
-        for step in request:
-            yield from text.feed(step)
-            if text.stopped:
-                return
-        yield from text.finish(request)
 
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
@@ -335,9 +386,13 @@ class Llama:
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
                           stream: bool = False, seed: int | None = None, logit_bias: dict | None = None,
-                          model: str | None = None, grammar: str | LlamaGrammar | None = None, *,
+                          model: str | None = None, grammar: str | LlamaGrammar | None = None, *, n: int = 1,
                           context_shift: bool = True) -> dict[str, Any] | CompletionStream:
         """Complete a prompt (text, where special-token text becomes those tokens, or token ids).
+
+        n: choices (1..16) of the one prompt, read once for all; with a seed, choice i draws from seed + i.
+        logprobs: k gives each generated token's logprob and its k likeliest alternatives, with `tokens` and
+        `text_offset` (see pyllm.logprobs: the log-softmax of the model's raw logits).
 
         grammar: GBNF text or a LlamaGrammar (LlamaGrammar.from_json_schema for a JSON schema): only text it
         admits is generated, and the completion stops ("stop") once the grammar can admit nothing more.
@@ -352,15 +407,18 @@ class Llama:
                               top_p=top_p, min_p=min_p, typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                               repeat_penalty=repeat_penalty, top_k=top_k, stream=stream, seed=seed,
-                              logit_bias=logit_bias, model=model, context_shift=context_shift, grammar=grammar)
+                              logit_bias=logit_bias, model=model, context_shift=context_shift, grammar=grammar, n=n)
 
     def _complete(self, prompt_tokens: list[int], prompt_param: str, *, max_tokens: Any, temperature: Any,
                   top_p: Any, min_p: Any, typical_p: Any, logprobs: Any, echo: Any, stop: Any, frequency_penalty: Any,
                   presence_penalty: Any, repeat_penalty: Any, top_k: Any, stream: Any, seed: Any, logit_bias: Any,
-                  model: Any, context_shift: Any, grammar: Any = None) -> dict[str, Any] | CompletionStream:
-        """A completion of prompt tokens; every argument checked here, once."""
+                  model: Any, context_shift: Any, grammar: Any = None, n: Any = 1,
+                  chat: bool = False) -> dict[str, Any] | CompletionStream:
+        """A completion of prompt tokens, n choices of it; every argument checked here, once. `chat`: logprobs in
+        the chat shape."""
         limit = self._budget(len(prompt_tokens), max_tokens, prompt_param, check.boolean("context_shift",
                                                                                           context_shift))
+        n = check.integer("n", n, minimum=1, maximum=MAX_CHOICES)
         params = SamplingParams(temperature=temperature, top_p=top_p, min_p=min_p, top_k=top_k,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=check.logit_bias(logit_bias,
@@ -376,41 +434,65 @@ class Llama:
         completion_id = f"cmpl-{uuid.uuid4()}"
         created = int(time.time())
         prompt_text = self.detokenize(prompt_tokens).decode("utf-8", "replace") if echo else ""
-        request = self.submit(prompt_tokens, params, limit, logprobs)
+        # choice i draws from seed + i: the choices differ, and the same seed gives the same whole answer
+        choice_params = [params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
+                         for i in range(n)]
+        requests = self.engine.submit_group(list(prompt_tokens), choice_params, limit, logprobs)
+        self._last_requests = requests
+        shape = chat_shape if chat else completion_shape
 
-        def chunk(text: str, finish: str | None, lp: dict | None) -> dict[str, Any]:
+        def chunk(index: int, text: str, finish: str | None, entries: list | None) -> dict[str, Any]:
+            lp = None if entries is None else shape(self.tokenizer, entries)
             return {"id": completion_id, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": finish}]}
 
-        def step_logprobs(step: Step | None, text: str) -> dict | None:
-            if logprobs is None or step is None:
-                return None
-            return {"tokens": [text], "text_offset": [0], "token_logprobs": [step.logprob],
-                    "top_logprobs": [step.top_logprobs]}
+        def new_track() -> LogprobTrack | None:
+            # offsets count from the choice's text, which starts with the echoed prompt
+            return None if logprobs is None else LogprobTrack(len(prompt_text))
 
         if stream:
-            def chunks(piece: Piece) -> list[dict[str, Any]]:
-                text, step, finish = piece
-                return [chunk(text, finish, step_logprobs(step, text))] if text or finish else []
-            first = [chunk(prompt_text, None, None)] if prompt_text else []
-            return CompletionStream(request, _TextStream(self.tokenizer, stops), chunks, first)
+            def lane(index: int, request: Request) -> _Lane:
+                text, track = _TextStream(self.tokenizer, stops), new_track()
 
-        texts, tokens_lp, top_lp, finish = [], [], [], "stop"
-        n_completion = 0
-        for text, step, reason in self._run_completion(request, stops):
-            texts.append(text)
-            if step is not None:
-                n_completion += 1
-                tokens_lp.append(step.logprob)
-                top_lp.append(step.top_logprobs)
-            finish = reason or finish
-        result = chunk(prompt_text + "".join(texts), finish, None)
-        if logprobs is not None:
-            result["choices"][0]["logprobs"] = {"token_logprobs": tokens_lp, "top_logprobs": top_lp}
+                def chunks(piece: Piece) -> list[dict[str, Any]]:
+                    delta, step, finish = piece
+                    if track is not None and step is not None:
+                        track.add(step.token, step.text, step.logprob, step.top_logprobs)
+                    if not delta and not finish:
+                        return []
+                    entries = None if track is None else track.take(delta, finish is not None, text.stopped)
+                    return [chunk(index, delta, finish, entries)]
+                return _Lane(request, text, chunks)
+
+            lanes = [lane(index, request) for index, request in enumerate(requests)]
+            first = [chunk(i, prompt_text, None, None) for i in range(n)] if prompt_text else []
+            return CompletionStream(lanes, first)
+
+        choices, n_completion = [], 0
+        try:
+            for index, request in enumerate(requests):
+                text, track = _TextStream(self.tokenizer, stops), new_track()
+                texts, finish = [], "stop"
+                for delta, step, reason in self._completion_text(request, text):
+                    texts.append(delta)
+                    if step is not None:
+                        n_completion += 1
+                        if track is not None:
+                            track.add(step.token, step.text, step.logprob, step.top_logprobs)
+                    finish = reason or finish
+                whole = "".join(texts)
+                entries = None if track is None else track.take(whole, True, text.stopped)
+                choices.append(chunk(index, prompt_text + whole, finish, entries)["choices"][0])
+        finally:
+            for request in requests:
+                request.cancel()
+        result = chunk(0, "", None, None)
+        result["choices"] = choices
         result["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n_completion,
                            "total_tokens": len(prompt_tokens) + n_completion,
-                           "prompt_tokens_details": {"cached_tokens": request.n_cached}}
-        result["timings"] = _timings(request, time.perf_counter())
+                           "prompt_tokens_details": {"cached_tokens": requests[0].n_cached}}
+        result["timings"] = _timings(requests[0], time.perf_counter())
+        result["timings"]["predicted_n"] = n_completion
         return result
 
     def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | CompletionStream:
@@ -451,7 +533,7 @@ class Llama:
                                top_logprobs: int | None = None, model: str | None = None,
                                response_format: dict[str, Any] | None = None,
                                grammar: str | LlamaGrammar | None = None,
-                               tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, *,
+                               tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, *, n: int = 1,
                                context_shift: bool = True) -> dict[str, Any] | CompletionStream:
         """Chat through the file's template (or the family's built-in one).
 
@@ -459,6 +541,8 @@ class Llama:
         {"schema": {...}}}, or {"type": "text"}; grammar: GBNF text or a LlamaGrammar. Give one or neither.
         tools, tool_choice: OpenAI's (see pyllm.tools); calls come back as message.tool_calls with finish_reason
         "tool_calls". Not with stream yet.
+        n: choices (1..16), as create_completion's. logprobs=True (top_logprobs: 0..20 alternatives) fills each
+        choice's logprobs.content in OpenAI's shape.
         """
         constraint = check.constraint(grammar, response_format)
         setup = setup_tools(tools, tool_choice)
@@ -480,29 +564,29 @@ class Llama:
                 messages = [{"role": "system", "content": instructions(setup.tools)}, *messages]
         prompt_tokens = self.tokenize_chat(messages, tools=setup.tools if setup is not None and renders_tools
                                            else None)
-        n_top = check.integer("top_logprobs", top_logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
+        n_top = check.integer("top_logprobs", top_logprobs, minimum=0, maximum=MAX_TOP_LOGPROBS, optional=True)
         result = self._complete(prompt_tokens, "messages", max_tokens=max_tokens, temperature=temperature,
                                 top_p=top_p, min_p=min_p, typical_p=typical_p, stop=stop, stream=stream, seed=seed,
                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 repeat_penalty=repeat_penalty, top_k=top_k, logit_bias=logit_bias,
                                 logprobs=(n_top or 0) if check.boolean("logprobs", logprobs) else None,
                                 echo=False, model=model, context_shift=context_shift,
-                                grammar=constraint)
+                                grammar=constraint, n=n, chat=True)
         if isinstance(result, CompletionStream):
             return self._chat_stream(result)
         assert isinstance(result, dict)
-        choice = result["choices"][0]
-        message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
-        finish = choice["finish_reason"]
-        if setup is not None:
-            content, calls = parse_tool_calls(choice["text"], setup.names)
-            if calls:
-                message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        choices = []
+        for choice in result["choices"]:
+            message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
+            finish = choice["finish_reason"]
+            if setup is not None:
+                content, calls = parse_tool_calls(choice["text"], setup.names)
+                if calls:
+                    message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            choices.append({"index": choice["index"], "message": message, "logprobs": choice["logprobs"],
+                            "finish_reason": finish})
         return {"id": "chat" + result["id"], "object": "chat.completion", "created": result["created"],
-                "model": result["model"],
-                "choices": [{"index": 0, "message": message, "logprobs": choice["logprobs"],
-                             "finish_reason": finish}],
-                "usage": result["usage"], "timings": result["timings"]}
+                "model": result["model"], "choices": choices, "usage": result["usage"], "timings": result["timings"]}
 
     def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt tokens of a chat: its template rendered, special-token text as those tokens, BOS added
@@ -518,26 +602,95 @@ class Llama:
 
     @staticmethod
     def _chat_stream(completion: CompletionStream) -> CompletionStream:
-        """The completion's stream with its chunks as chat chunks, the assistant's role in a chunk first."""
-        completion_chunks = completion._chunks
-        state: dict[str, Any] = {"first": True}
+        """The completion's stream with its chunks as chat chunks, each choice's first saying the assistant's
+        role."""
+        def chat_lane(lane: _Lane) -> _Lane:
+            first = [True]
 
-        def chunks(piece: Piece) -> list[dict[str, Any]]:
-            out = []
-            for c in completion_chunks(piece):
-                base = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
-                        "model": c["model"]}
-                if state["first"]:
-                    out.append({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                                     "finish_reason": None}]})
-                    state["first"] = False
-                choice = c["choices"][0]
-                delta = {"content": choice["text"]} if choice["text"] else {}
-                out.append({**base, "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"],
-                                                 "finish_reason": choice["finish_reason"]}]})
-            return out
+            def chunks(piece: Piece) -> list[dict[str, Any]]:
+                out = []
+                for c in lane.chunks(piece):
+                    base = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
+                            "model": c["model"]}
+                    choice = c["choices"][0]
+                    if first[0]:
+                        out.append({**base, "choices": [{"index": choice["index"], "delta": {"role": "assistant"},
+                                                         "logprobs": None, "finish_reason": None}]})
+                        first[0] = False
+                    delta = {"content": choice["text"]} if choice["text"] else {}
+                    out.append({**base, "choices": [{"index": choice["index"], "delta": delta,
+                                                     "logprobs": choice["logprobs"],
+                                                     "finish_reason": choice["finish_reason"]}]})
+                return out
+            return _Lane(lane.request, lane.text, chunks)
+
         completion._owns_request = False
-        return CompletionStream(completion.request, completion._text, chunks, [])
+        return CompletionStream([chat_lane(lane) for lane in completion.lanes], [])
+
+    # ---- saved state ------------------------------------------------------------
+
+    def model_identity(self) -> str:
+        """The model file's identity as saved states record it (pyllm.state.model_identity)."""
+        if self._model_id is None:
+            self._model_id = model_identity(self.model_path, self._file.data_offset)
+        return self._model_id
+
+    def save_state(self) -> LlamaState:
+        """The current context: the tokens of the last completion (its prompt and what it generated) and the KV
+        cache that holds them, copied.
+
+        As in llama-cpp-python, a Llama keeps the context of its last call, and a prompt that extends it
+        continues from it rather than reading it again (here through the prefix cache, which keeps several).
+        `load_state` puts a saved context back, so a long prompt read once, e.g. by
+        `create_completion(document, max_tokens=1)`, serves later prompts that start with it, bit for bit as if
+        it had just been read. With n > 1 the context is that of the choice that finished last.
+        """
+        model = self._require_model()
+        if not self._last_requests:
+            raise ValueError("save_state: there is no context yet: run a completion first")
+        for request in self._last_requests:  # a cancelled one (a stop string) is let go at the engine's next step
+            if not request.wait_done(timeout=60):
+                raise ValueError("save_state: the last completion is still running")
+        identity = self.model_identity()
+        state = self.engine.prefix_cache.latest(lambda tokens, cache: LlamaState.from_cache(identity, tokens,
+                                                                                            cache))
+        if state is None:
+            raise ValueError("save_state: the last context is no longer held (a later generation took it over, or "
+                             "the prefix cache's cache_bytes evicted it)")
+        assert len(state.layers) == model.config.n_layer
+        return state
+
+    def load_state(self, state: LlamaState) -> None:
+        """Make `state` (from save_state or load_session) the current context: the next prompt that extends its
+        tokens continues from its cache. A state from another model file is refused (ParamError)."""
+        self._require_model()
+        if not isinstance(state, LlamaState):
+            raise ParamTypeError(f"state must be a LlamaState (from save_state), not {type(state).__name__}",
+                                 "state")
+        if state.model != self.model_identity():
+            raise ParamError(f"state: saved from another model file than {self.model_path} (its identity "
+                             f"{state.model[:16]}..., this file's {self.model_identity()[:16]}...)", "state")
+        check.token_ids("state.tokens", state.tokens, self.n_vocab())
+        prefixes = self.engine.prefix_cache
+        cache = prefixes.new_cache()
+        try:
+            state.into_cache(cache)
+        except BaseException:
+            prefixes.discard(cache)
+            raise
+        self._last_requests = []
+        prefixes.release(cache, list(state.tokens))
+
+    def save_session(self, path: str | os.PathLike[str]) -> None:
+        """Write the current context (save_state) to a file (its format: pyllm.state)."""
+        self.save_state().save(path)
+
+    def load_session(self, path: str | os.PathLike[str]) -> LlamaState:
+        """Read a file save_session wrote and make it the current context (load_state); returns the state. A file
+        from another model, truncated or damaged is refused with a ParamError saying which."""
+        state = LlamaState.load(path)
+        self.load_state(state)
+        return state
 
     def reset(self) -> None:
         """Forget the cached prompts."""

@@ -130,7 +130,8 @@ def test_openai_client_errors(server: _Server, client: openai.OpenAI) -> None:
     ({"prompt": "hi", "max_tokens": "many"}, None, 400, "max_tokens"),
     ({"prompt": "hi", "max_tokens": N_CTX}, None, 400, "max_tokens"),
     ({"prompt": "hi", "top_k": -3}, None, 400, "top_k"),
-    ({"prompt": "hi", "n": 2}, None, 400, "n"),
+    ({"prompt": "hi", "n": 17}, None, 400, "n"),
+    ({"prompt": "hi", "n": 0}, None, 400, "n"),
     ({"prompt": "hi", "logit_bias": {"999999": 1}}, None, 400, "logit_bias"),  # past the vocabulary
     ({"prompt": "hi", "model": "nope"}, None, 404, "model"),
     ({"prompt": [N_CTX * 1000]}, None, 400, "prompt"),
@@ -513,3 +514,44 @@ def test_the_cli_server_logs_requests_refuses_a_busy_port_and_stops_on_sigterm(s
         server.kill()
         log = server.stderr.read()
     assert "POST /v1/completions 200 prompt=1 cached=0 generated=2 ttft=" in log
+
+
+def test_logprobs_and_n_through_the_openai_client(quick_client: openai.OpenAI, quick_server: _Server) -> None:
+    client, server = quick_client, quick_server
+    messages = [{"role": "user", "content": "Name a colour."}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=5, logprobs=True,
+                                         top_logprobs=3)
+    content = out.choices[0].logprobs.content
+    assert content and len(content) == out.usage.completion_tokens
+    assert "".join(e.token for e in content) == out.choices[0].message.content
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in content)
+    assert bytes(content[0].bytes).decode() == content[0].token
+    streamed = [e for c in client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=5,
+                                                            logprobs=True, top_logprobs=3, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+
+    many = client.chat.completions.create(model=MODEL, messages=messages, temperature=1.0, max_tokens=6, n=2, seed=5)
+    assert [c.index for c in many.choices] == [0, 1]
+    again = client.chat.completions.create(model=MODEL, messages=messages, temperature=1.0, max_tokens=6, n=2, seed=5)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in many.choices]
+    texts = {0: "", 1: ""}
+    usage = None
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, temperature=1.0, max_tokens=6, n=2,
+                                                seed=5, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert [texts[0], texts[1]] == [c.message.content for c in many.choices]
+    assert usage is not None and usage.prompt_tokens == many.usage.prompt_tokens
+    assert usage.completion_tokens == many.usage.completion_tokens
+
+    response = _post(server, "/v1/completions", {"prompt": "Red, green and", "max_tokens": 4, "temperature": 0,
+                                                  "logprobs": 2, "n": 2})
+    body = response.json()
+    assert response.status_code == 200, body
+    assert [c["index"] for c in body["choices"]] == [0, 1] and body["choices"][0]["text"] == body["choices"][1]["text"]
+    lp = body["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["text_offset"]) == len(lp["token_logprobs"]) == 4
+    assert body["usage"]["completion_tokens"] == 8

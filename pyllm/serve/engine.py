@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,8 +60,8 @@ class Step:
     """One generated token."""
     token: int
     text: bytes                                # the token's piece
-    logprob: float | None = None
-    top_logprobs: dict[str, float] | None = None
+    logprob: float | None = None               # log-softmax of the raw logits (pyllm.logprobs)
+    top_logprobs: dict[int, float] | None = None  # token id -> logprob, most likely first
 
 
 FINISHED = object()  # the last event of a request (Request.next_event)
@@ -86,6 +86,12 @@ class Request:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
         self.on_event: Callable[[], None] | None = None
+        self.leader: Request | None = None      # another choice of the same prompt, whose prefill this one shares
+        self._done = threading.Event()
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Wait until the engine has let go of the request (its cache released, e.g. into the prefix cache)."""
+        return self._done.wait(timeout)
 
     def cancel(self) -> None:
         """Stop generating; the engine frees the sequence at its next step."""
@@ -114,6 +120,8 @@ class Request:
 
     def _post(self, event: object, notify: bool = True) -> None:
         self._events.put(event)
+        if event is FINISHED or isinstance(event, BaseException):
+            self._done.set()
         if notify:
             self._notify()
 
@@ -123,10 +131,10 @@ class Request:
             on_event()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler's lists remove a sequence by what it is
 class _Sequence:
     request: Request
-    cache: KVCache
+    cache: KVCache | None          # None while it waits for its leader's prompt (followers)
     fed: list[int]                 # the tokens whose keys and values the cache holds
     pending: list[int]             # prompt tokens not yet run
     sampler: Sampler
@@ -135,6 +143,10 @@ class _Sequence:
     shifted: bool = False          # the cache no longer holds a plain prefix of `fed`
     last_token_at: float = 0.0
     matcher: GrammarMatcher | None = None  # where the output is in the request's grammar, if it has one
+    # choices of the same prompt waiting for this sequence's prompt: they take a copy of its cache and sample
+    # from its last prompt logits, so the prompt is read once for all of them
+    followers: list[_Sequence] = field(default_factory=list)
+    leader: _Sequence | None = None
 
 
 class Engine:
@@ -168,6 +180,14 @@ class Engine:
     def submit(self, prompt: list[int], params: SamplingParams, max_tokens: int,
                n_logprobs: int | None = None) -> Request:
         """Queue a generation of up to max_tokens tokens after `prompt`."""
+        return self.submit_group(prompt, [params], max_tokens, n_logprobs)[0]
+
+    def submit_group(self, prompt: list[int], params: list[SamplingParams], max_tokens: int,
+                     n_logprobs: int | None = None) -> list[Request]:
+        """Queue one generation of `prompt` per params (a request's n choices), all or none. The first reads
+        the prompt; the others, if they run with it, copy its cache and sample from its last prompt logits
+        instead of reading the prompt again; if they start later, the prefix cache or its cache gives them all
+        but the prompt's last token. Either way their tokens are those they would get alone."""
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         if len(prompt) >= self.n_ctx:
@@ -177,23 +197,28 @@ class Engine:
             raise ValueError(f"prompt token id out of range [0, {n_vocab})")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
-        if params.logit_bias and max(params.logit_bias) >= n_vocab:
-            raise SamplingError(f"logit_bias token {max(params.logit_bias)} is outside the vocabulary "
-                                f"(n_vocab={n_vocab})")
-        request = Request(list(prompt), params, max_tokens, n_logprobs)
+        if not params:
+            raise ValueError("no generation asked for")
+        for p in params:
+            if p.logit_bias and max(p.logit_bias) >= n_vocab:
+                raise SamplingError(f"logit_bias token {max(p.logit_bias)} is outside the vocabulary "
+                                    f"(n_vocab={n_vocab})")
+        requests = [Request(list(prompt), p, max_tokens, n_logprobs) for p in params]
+        for request in requests[1:]:
+            request.leader = requests[0]
         with self._wake:
             if self.error is not None:
                 raise self.error
             if self._closed:
                 raise EngineClosedError("the engine is shut down")
             free_slots = max(0, self.n_parallel - len(self._active))  # taken by the next waiting ones at once
-            if len(self._waiting) >= self.max_queued + free_slots:
+            if len(self._waiting) + len(requests) > self.max_queued + free_slots:
                 raise QueueFullError(f"all {self.n_parallel} slots are busy and the queue of {self.max_queued} "
                                      "is full; try again later")
-            self._waiting.append(request)
+            self._waiting.extend(requests)
             self.metrics.requests_queued.set(len(self._waiting))
             self._wake.notify()
-        return request
+        return requests
 
     @property
     def n_waiting(self) -> int:
@@ -273,8 +298,21 @@ class Engine:
                     failure.__cause__ = exc
                     self._post(request, failure)
                     continue
+            leader = self._leader_of(request)
+            if leader is not None and (leader.pending or leader.next_token is None):
+                # its leader is still reading the prompt: wait for it, in a slot, computing nothing
+                follower = _Sequence(request, None, [], [], Sampler(request.params), list(request.prompt),
+                                     matcher=matcher, leader=leader)
+                leader.followers.append(follower)
+                self._active.append(follower)
+                self.metrics.prompt_tokens.inc(len(request.prompt))
+                continue
             try:
-                cache, n_cached = self.prefix_cache.acquire(request.prompt)
+                if leader is not None:  # it has read the prompt and generates: all but the prompt's last token
+                    cache = leader.cache.copy_prefix(len(request.prompt) - 1, into=self.prefix_cache.new_cache())
+                    n_cached = cache.n_used
+                else:
+                    cache, n_cached = self.prefix_cache.acquire(request.prompt)
             except Exception as exc:  # noqa: BLE001 - e.g. no memory for its cache: this request fails, not the engine
                 failure = RequestFailedError(f"no KV cache could be made for this request: {type(exc).__name__}: "
                                              f"{exc}")
@@ -290,6 +328,43 @@ class Engine:
                                           Sampler(request.params), list(request.prompt), matcher=matcher))
         self.metrics.requests_queued.set(len(self._waiting))
         self.metrics.sequences_active.set(len(self._active))
+
+    def _leader_of(self, request: Request) -> _Sequence | None:
+        """The running sequence of the request's leader, when it holds a plain prefix the request can share."""
+        if request.leader is None:
+            return None
+        for seq in self._active:
+            if seq.request is request.leader:
+                return None if seq.shifted or seq.cache is None else seq
+        return None
+
+    def _start_follower(self, follower: _Sequence, leader: _Sequence, logits: np.ndarray, now: float) -> None:
+        """The leader has read the prompt: the follower takes a copy of its cache and samples from its logits."""
+        follower.leader = None
+        try:
+            assert leader.cache is not None
+            follower.cache = leader.cache.copy_prefix(leader.cache.n_used, into=self.prefix_cache.new_cache())
+            follower.fed = list(leader.fed)
+            follower.request.n_cached = len(follower.request.prompt)
+            self.metrics.cached_prompt_tokens.inc(len(follower.request.prompt))
+            self._sample(follower, logits, now)
+        except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+            self._fail(follower, exc)
+
+    def _orphan_followers(self, seq: _Sequence) -> None:
+        """The leader ended before its prompt did: its followers read the prompt themselves (from the prefix
+        cache's longest prefix of it)."""
+        followers, seq.followers = seq.followers, []
+        for follower in followers:
+            follower.leader = None
+            try:
+                cache, n_cached = self.prefix_cache.acquire(follower.request.prompt)
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                self._fail(follower, exc)
+                continue
+            prompt = follower.request.prompt
+            follower.cache, follower.fed, follower.pending = cache, prompt[:n_cached], prompt[n_cached:]
+            follower.request.n_cached = n_cached
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self._active if s.request.cancelled]:
@@ -312,6 +387,8 @@ class Engine:
         batch, members, failed = [], [], []
         budget = self.prefill_chunk
         for seq in self._active:
+            if seq.cache is None:  # a follower waiting for its leader's prompt
+                continue
             if seq.pending:
                 if budget == 0:
                     continue
@@ -345,6 +422,9 @@ class Engine:
             if seq.pending:
                 seq.pending = seq.pending[len(chunk):]
             if logits is not None:
+                for follower in list(seq.followers):  # before the leader samples (and perhaps finishes)
+                    seq.followers.remove(follower)
+                    self._start_follower(follower, seq, logits, now)
                 try:
                     self._sample(seq, logits, now)
                 except Exception as exc:  # noqa: BLE001 - this request gets the error, the others go on
@@ -360,9 +440,7 @@ class Engine:
             seq.matcher.accept(token)
         step = Step(token, self.tokenizer.token_to_piece(token))
         if request.n_logprobs is not None:
-            step.logprob, top_ids = seq.sampler.logprobs(logits, token, request.n_logprobs)
-            step.top_logprobs = {self.tokenizer.token_to_piece(t).decode("utf-8", "replace"): lp
-                                 for t, lp in top_ids.items()}
+            step.logprob, step.top_logprobs = seq.sampler.logprobs(logits, token, request.n_logprobs)
         if request.first_token_at is None:
             request.first_token_at = now
             self.metrics.ttft.observe(now - request.submitted_at)
@@ -391,17 +469,31 @@ class Engine:
         """End a sequence with an error: its request gets it, its cache (whatever it holds) is emptied for reuse."""
         self._active.remove(seq)
         self.metrics.sequences_active.set(len(self._active))
-        self.prefix_cache.discard(seq.cache)
+        self._detach(seq)
+        if seq.cache is not None:
+            self.prefix_cache.discard(seq.cache)
+        self._orphan_followers(seq)
         self._post(seq.request, exc)
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
         self._active.remove(seq)
         self.metrics.sequences_active.set(len(self._active))
-        if seq.shifted:
+        self._detach(seq)
+        if seq.cache is None:
+            pass
+        elif seq.shifted:
             self.prefix_cache.discard(seq.cache)
         else:
             self.prefix_cache.release(seq.cache, seq.fed)
+        self._orphan_followers(seq)  # after the release: they find the prompt in the prefix cache
         self._finish_request(seq.request, reason)
+
+    @staticmethod
+    def _detach(seq: _Sequence) -> None:
+        """A follower that ends while waiting leaves its leader's list."""
+        if seq.leader is not None and seq in seq.leader.followers:
+            seq.leader.followers.remove(seq)
+        seq.leader = None
 
     def _finish_request(self, request: Request, reason: str) -> None:
         request.finish_reason = reason

@@ -20,13 +20,17 @@ faults), which a server would otherwise pay for every request.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..kvcache import KVCache
 from ..model import Model
 
+T = TypeVar("T")
 
-@dataclass
+
+@dataclass(eq=False)
 class _Entry:
     tokens: list[int]     # the ids whose keys and values the cache holds, in order
     cache: KVCache
@@ -53,6 +57,7 @@ class PrefixCache:
         self._entries: list[_Entry] = []
         self._spare: list[KVCache] = []  # emptied caches for the next sequences
         self._clock = 0
+        self._latest: _Entry | None = None  # the entry released last (a Llama's context: save_state)
         self._lock = threading.Lock()
         self.hits = 0          # acquisitions that reused at least one token
         self.lookups = 0
@@ -130,11 +135,21 @@ class PrefixCache:
                 if len(e.tokens) <= len(tokens) and tokens[:len(e.tokens)] == e.tokens:
                     self._entries.remove(e)
                     self._retire(e.cache)
-            self._entries.append(_Entry(list(tokens), cache, self._clock))
+            self._latest = _Entry(list(tokens), cache, self._clock)
+            self._entries.append(self._latest)
             while self._entries and self.n_bytes > self.max_bytes:
                 oldest = min(self._entries, key=lambda e: e.last_used)
                 self._entries.remove(oldest)
                 self._retire(oldest.cache)
+
+    def latest(self, copy: Callable[[list[int], KVCache], T]) -> T | None:
+        """copy(tokens, cache) of the entry released last, under the lock (so no sequence takes it meanwhile);
+        None if it has gone since (evicted, superseded, or taken by a sequence that continues it)."""
+        with self._lock:
+            latest = self._latest
+            if latest is None or not any(e is latest for e in self._entries):
+                return None
+            return copy(latest.tokens, latest.cache)
 
     def clear(self) -> None:
         with self._lock:

@@ -110,12 +110,10 @@ class _Sampling(_Strict):
 
     def sampling_kwargs(self) -> dict[str, Any]:
         names = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "seed", "stop")
+                 "frequency_penalty", "logit_bias", "seed", "stop", "n")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def refuse_unsupported(self, chat: bool) -> None:
-        if self.n != 1:
-            raise APIError(400, f"n: only one choice per request is supported, not {self.n}", "n")
         if not chat and self.tools:
             raise APIError(400, "tools: tool calls are for /v1/chat/completions", "tools")
         if not chat and self.tool_choice not in (None, "none"):
@@ -593,7 +591,7 @@ class _EventStream(Response):
                 pass
             stream.cancel()  # the engine ends the request at its next step, and poll() then ends
 
-        stream.request.on_event = wake
+        stream.set_listener(wake)
         watcher = loop.create_task(watch_for_disconnect())
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -607,9 +605,10 @@ class _EventStream(Response):
                 if chunks is None:
                     if self.include_usage and last is not None:
                         request = stream.request
-                        n_prompt = len(request.prompt)
-                        usage = {"prompt_tokens": n_prompt, "completion_tokens": request.n_generated,
-                                 "total_tokens": n_prompt + request.n_generated,
+                        n_prompt = len(request.prompt)  # once: the choices share it
+                        n_generated = sum(r.n_generated for r in stream.requests)
+                        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_generated,
+                                 "total_tokens": n_prompt + n_generated,
                                  "prompt_tokens_details": {"cached_tokens": request.n_cached}}
                         await self._send_events(send, [{**last, "choices": [], "usage": usage}])
                     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
