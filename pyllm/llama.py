@@ -27,6 +27,7 @@ import numpy as np
 from . import catalogue
 from . import params as check
 from .arch import context_length
+from .embeddings import Pooling, declared_pooling, pool
 from .gguf import GGUFFile
 from .grammar import LlamaGrammar, VocabIndex
 from .kvcache import KVCache
@@ -211,12 +212,15 @@ class Llama:
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
                  vocab_only: bool = False, verbose: bool = False, n_parallel: int = 1, max_queued: int = 64,
-                 prefill_chunk: int = 512, cache_bytes: int = 1 << 30) -> None:
+                 prefill_chunk: int = 512, cache_bytes: int = 1 << 30, embedding: bool = False,
+                 pooling_type: str | None = None) -> None:
         """Load a model: a GGUF path, or a catalogue name (pulled first if needed); None: the default model.
 
         n_ctx: tokens each sequence holds (0: the model's training context); n_parallel sequences decode together
         (the engine's slots), up to max_queued more wait; prefill_chunk: most prompt tokens read in one step;
-        cache_bytes: the prefix cache's budget. Every argument is checked here (ParamError / ParamTypeError naming
+        cache_bytes: the prefix cache's budget. embedding: accepted for llama-cpp-python's callers (embed works
+        either way); pooling_type: "mean", "cls" or "last" for embeddings (None: the file's, pyllm.embeddings).
+        Every argument is checked here (ParamError / ParamTypeError naming
         it), and so is the memory the KV caches would take once full.
         """
         if model_path is not None and not isinstance(model_path, str | os.PathLike):
@@ -234,10 +238,14 @@ class Llama:
         self.max_queued = check.integer("max_queued", max_queued, minimum=0)
         prefill_chunk = check.integer("prefill_chunk", prefill_chunk, minimum=1)
         self.cache_bytes = check.integer("cache_bytes", cache_bytes, minimum=0)
+        self.embedding = check.boolean("embedding", embedding)
+        if pooling_type is not None and pooling_type not in tuple(Pooling):
+            raise ParamError(f"pooling_type must be one of {', '.join(Pooling)}, not {pooling_type!r}", "pooling_type")
         self.model_path = str(catalogue.resolve(model_path or catalogue.DEFAULT_MODEL))
         self._file = GGUFFile(self.model_path)
         try:
             self.metadata = self._file.metadata
+            self.pooling = Pooling(pooling_type) if pooling_type is not None else declared_pooling(self.metadata)
             self.tokenizer = Tokenizer.from_gguf(self._file)
             self.model: Model | None = None if vocab_only else Model(self._file, n_threads=self.n_threads)
             train_ctx = self.model.config.n_ctx_train if self.model is not None else context_length(self._file)
@@ -252,6 +260,7 @@ class Llama:
         # the last completion's requests: the context save_state saves is the cache the last of them left
         self._last_requests: list[Request] = []
         self._model_id: str | None = None
+        self._embed_lock = threading.Lock()
 
     def _check_memory(self, model: Model) -> None:
         """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
@@ -314,6 +323,63 @@ class Llama:
         if len(tokens) > self.n_ctx:
             raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}", "tokens")
         return model.prefill(tokens, model.new_cache(self.n_ctx), logits=Logits.ALL)
+
+    # ---- embeddings -----------------------------------------------------------------
+
+    def _embedding_inputs(self, input: Any) -> tuple[list[list[int]], bool]:
+        """input (a string, a list of strings, a token list, or a list of token lists) as token lists, and
+        whether it was one input."""
+        def tokens_of(item: Any, param: str) -> list[int]:
+            if isinstance(item, str):
+                tokens = self.tokenizer.encode(check.utf8(param, item), add_bos=True)
+            else:
+                tokens = check.token_ids(param, item, self.n_vocab())
+            if not tokens:
+                raise ParamError(f"{param} is empty: give some text or tokens", param)
+            return tokens
+        if isinstance(input, str):
+            return [tokens_of(input, "input")], True
+        if not isinstance(input, list | tuple) or not input:
+            raise ParamTypeError("input must be a string, a list of strings, a list of token ids or a list of "
+                                 "token lists, and not empty", "input")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in input):
+            return [tokens_of(list(input), "input")], True
+        return [tokens_of(item, f"input[{i}]") for i, item in enumerate(input)], False
+
+    def embed(self, input: str | list[str] | list[int] | list[list[int]], normalize: bool = True,
+              truncate: bool = True, return_count: bool = False) -> Any:
+        """The embedding of each input (llama-cpp-python's signature): a list of floats for one input, a list of
+        them for a list; with return_count, (embeddings, prompt tokens). Each is the inputs' last hidden states
+        pooled (self.pooling) and, with normalize, of unit L2 norm. An input longer than n_ctx is cut to it with
+        truncate, otherwise refused."""
+        model = self._require_model()
+        normalize, truncate = check.boolean("normalize", normalize), check.boolean("truncate", truncate)
+        inputs, single = self._embedding_inputs(input)
+        vectors, count = [], 0
+        for i, tokens in enumerate(inputs):
+            if len(tokens) > self.n_ctx:
+                if not truncate:
+                    raise ContextFullError(f"input{'' if single else f'[{i}]'}: {len(tokens)} tokens exceed the "
+                                           f"context of {self.n_ctx}", "input")
+                tokens = tokens[:self.n_ctx]
+            with self._embed_lock:  # one at a time: each takes every thread
+                hidden = model.hidden_states(tokens, model.new_cache(len(tokens), min(len(tokens),
+                                                                                      self.prefill_chunk)))
+            vectors.append(pool(hidden, self.pooling, normalize).tolist())
+            count += len(tokens)
+        result = vectors[0] if single else vectors
+        return (result, count) if return_count else result
+
+    def create_embedding(self, input: str | list[str] | list[int] | list[list[int]], model: str | None = None
+                         ) -> dict[str, Any]:
+        """OpenAI's embeddings response: {"object": "list", "data": [{"object": "embedding", "embedding": [...],
+        "index": i}, ...], "model", "usage"}, each vector pooled and normalized as embed gives it."""
+        vectors, count = self.embed(input, return_count=True)
+        if vectors and not isinstance(vectors[0], list):
+            vectors = [vectors]
+        return {"object": "list", "model": model or os.path.basename(self.model_path),
+                "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": count, "total_tokens": count}}
 
     @property
     def engine(self) -> Engine:

@@ -247,6 +247,19 @@ class Model:
             outs.append(self.forward_batch([(chunk, cache, wanted)])[0])
         return np.concatenate(outs) if logits == Logits.ALL else outs[-1]
 
+    def hidden_states(self, tokens: Sequence[int] | np.ndarray, cache: KVCache) -> np.ndarray:
+        """A prefill that keeps, instead of logits, every token's last hidden state after the output norm
+        (len(tokens), n_embd): what llama.cpp pools into an embedding."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if len(tokens) == 0:
+            raise ValueError("no tokens to evaluate")
+        if cache.n_used + len(tokens) > cache.n_ctx:
+            raise ContextFullError(f"{cache.n_used} + {len(tokens)} tokens exceed the context of {cache.n_ctx}")
+        outs = [self._forward(self._segments([(tokens[start:start + cache.max_batch], cache, Logits.ALL)]),
+                              project=False)
+                for start in range(0, len(tokens), cache.max_batch)]
+        return np.concatenate(outs)
+
     # The name the callers of one sequence's tokens (pyllm.llama, perplexity, the tests) have long used.
     forward = prefill
 
@@ -273,9 +286,10 @@ class Model:
                 start += n
         return results
 
-    def _forward(self, segments: list[_Segment]) -> np.ndarray:
+    def _forward(self, segments: list[_Segment], project: bool = True) -> np.ndarray:
         """The batch through every layer, each sequence's cache advanced; the logits of the rows the segments ask
-        for, (n_wanted, n_vocab) in segment order (the output norm and matrix run on those rows alone)."""
+        for, (n_wanted, n_vocab) in segment order (the output norm and matrix run on those rows alone), or with
+        project=False their hidden states after the output norm, (n_wanted, n_embd)."""
         all_tokens = np.concatenate([seg.tokens for seg in segments])
         self._check_ids(all_tokens)
         x = self.embed(all_tokens)
@@ -289,9 +303,9 @@ class Model:
             seg.cache.n_used += len(seg.tokens)
         picked = [row for seg in segments for row in seg.wanted()]
         if not picked:
-            return np.empty((0, self.n_vocab), np.float32)
+            return np.empty((0, self.n_vocab if project else self.config.n_embd), np.float32)
         h = kernels.rms_norm(x[picked], self.weights.output_norm, self.config.norm_eps)
-        return self._matmul(self.weights.output, h)
+        return self._matmul(self.weights.output, h) if project else h
 
     def _segments(self, seqs: Sequence[tuple[Sequence[int], KVCache, Logits | str]]) -> list[_Segment]:
         """The batch's sequences as segments of its rows, each checked against its cache."""

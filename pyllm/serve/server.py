@@ -2,6 +2,7 @@
 
     POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events ending in [DONE])
     GET  /v1/models, /health, /metrics           (metrics in the Prometheus text format)
+    POST /v1/embeddings                          (pooled as the model file declares, normalized)
     POST /tokenize, /detokenize                  (llama-server's shapes)
 
 Both completion endpoints take OpenAI's `response_format` (text, json_object, json_schema) and llama-server's
@@ -27,6 +28,7 @@ the server through DNS rebinding or a form post.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import json
 import logging
@@ -35,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -183,6 +186,14 @@ class TokenizeBody(_Strict):
 
 class DetokenizeBody(_Strict):
     tokens: list[int]
+
+
+class EmbeddingBody(_Strict):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
 
 
 def parse(raw: bytes, model: type[_Body]) -> _Body:
@@ -478,6 +489,17 @@ class _Handlers:
             tool_choice=body.tool_choice, **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
+    def embeddings(self, raw: bytes) -> dict[str, Any]:
+        body = parse(raw, EmbeddingBody)
+        self.check_model(body.model)
+        if body.dimensions is not None:
+            raise APIError(400, "dimensions: this model's embeddings have one size; leave dimensions out", "dimensions")
+        result = self.llm.create_embedding(body.input, model=self.model_name)
+        if body.encoding_format == "base64":  # OpenAI's: the float32 values' little-endian bytes
+            for item in result["data"]:
+                item["embedding"] = base64.b64encode(np.asarray(item["embedding"], "<f4").tobytes()).decode()
+        return result
+
     def tokenize(self, raw: bytes) -> dict[str, Any]:
         body = parse(raw, TokenizeBody)
         content = check.utf8("content", body.content)
@@ -494,6 +516,9 @@ class _Handlers:
 
     async def chat_completions(self, request: Request) -> Response:
         return self.respond(request, *await self.run(request, self.start_chat))
+
+    async def embeddings_route(self, request: Request) -> dict[str, Any]:
+        return await self.run(request, self.embeddings)
 
     async def tokenize_route(self, request: Request) -> dict[str, Any]:
         return await self.run(request, self.tokenize)
@@ -550,6 +575,8 @@ def create_app(llm: Llama, *, model_name: str, api_key: str | None = None, other
     app.add_exception_handler(Exception, _internal_error)
     app.post("/v1/completions")(handlers.completions)
     app.post("/v1/chat/completions")(handlers.chat_completions)
+    app.post("/v1/embeddings")(handlers.embeddings_route)
+    app.post("/embeddings")(handlers.embeddings_route)
     app.post("/tokenize")(handlers.tokenize_route)
     app.post("/detokenize")(handlers.detokenize_route)
     app.get("/v1/models")(handlers.models)
