@@ -174,7 +174,7 @@ class ChatSession:
 
     def greet(self) -> None:
         self.say(f"pyllm chat: {self.model_name} ({self.llm.metadata.get('general.architecture')}), context "
-                 f"{self.llm.n_ctx}. /help for commands, /exit or Ctrl-D to quit.")
+                 f"{self.llm.n_ctx()}. /help for commands, /exit or Ctrl-D to quit.")
         if not self.chat:
             limit = self.settings.max_tokens or BASE_MODEL_MAX_TOKENS
             self.say(f"warning: {self.model_name} has no chat template (a base model): each message is completed "
@@ -357,7 +357,7 @@ class ChatSession:
             self.turns.append({"role": "assistant", "content": "".join(pieces)})
         else:
             self.turns += [{"role": "user", "content": text}, {"role": "assistant", "content": "".join(pieces)}]
-        self.last_stats = ReplyStats.of(stream.request, ended_at, self.llm.n_ctx)
+        self.last_stats = ReplyStats.of(stream.request, ended_at, self.llm.n_ctx())
         if self.show_stats:
             self.say(f"[{self.last_stats.line()}]")
 

@@ -282,7 +282,7 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     app = create_app(llm, model_name=name, api_key=api_key, other_names=catalogue_name, max_body_bytes=max_body << 20,
                      allowed_hosts=hosts)
     click.echo(f"pyllm serve: {name} on http://{host}:{listener.getsockname()[1]}/v1 ({parallel} parallel "
-               f"sequences of {llm.n_ctx} tokens{', API key required' if api_key else ''})", err=True)
+               f"sequences of {llm.n_ctx()} tokens{', API key required' if api_key else ''})", err=True)
     config = uvicorn.Config(app, log_level="warning" if log_level in ("info", "debug") else log_level,
                             timeout_graceful_shutdown=5, http=header_timeout_protocol())
     server = uvicorn.Server(config)

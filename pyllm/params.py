@@ -81,6 +81,15 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def only(name: str, value: Any, allowed: Sequence[Any], why: str) -> Any:
+    """An argument pyllm accepts at the values in `allowed` alone (llama-cpp-python's defaults, say): any other is
+    a ParamError naming it and saying `why`."""
+    if not any(value is a or (type(value) is type(a) and value == a) or (is_real(value) and is_real(a) and value == a)
+               for a in allowed):
+        raise ParamError(f"{name}={value!r} is not supported: {why}"[:300], name)
+    return value
+
+
 def text(name: str, value: Any) -> str:
     """A str that encodes as UTF-8 (a JSON string may carry a lone surrogate such as "\\ud800", which does not)."""
     if not isinstance(value, str):

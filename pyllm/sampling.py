@@ -269,11 +269,13 @@ class Sampler:
     (the caller decides whether it includes the prompt).
     """
 
-    def __init__(self, params: SamplingParams | None = None) -> None:
+    def __init__(self, params: SamplingParams | None = None, rng: np.random.Generator | None = None) -> None:
+        """rng: the random stream to draw from (shared with whoever passes it); None: one seeded with
+        params.seed."""
         self.params = params if params is not None else SamplingParams()
         if not isinstance(self.params, SamplingParams):
             raise SamplingError(f"params must be a SamplingParams, got {type(self.params).__name__}")
-        self._rng = np.random.default_rng(self.params.seed)
+        self._rng = rng if rng is not None else np.random.default_rng(self.params.seed)
         bias = self.params.logit_bias or {}
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))

@@ -33,7 +33,7 @@ def _log_softmax64(x: np.ndarray) -> np.ndarray:
 def _greedy_reference(llm: Llama, prompt: list[int], n: int) -> list[tuple[int, np.ndarray]]:
     """(token, log-softmax of the logits it was taken from) for n greedy steps, straight from the Model."""
     model = llm.model
-    cache = model.new_cache(llm.n_ctx)
+    cache = model.new_cache(llm.n_ctx())
     logits = model.prefill(prompt, cache)
     out = []
     for _ in range(n):

@@ -56,10 +56,10 @@ def test_a_loaded_state_continues_as_never_saving(llm: Llama, doc_state) -> None
 def test_logits_after_a_loaded_state_are_bit_identical(llm: Llama, doc_state) -> None:
     doc, question, state, _ = doc_state
     model = llm.model
-    cache = model.new_cache(llm.n_ctx, llm.prefill_chunk)
+    cache = model.new_cache(llm.n_ctx(), llm.prefill_chunk)
     LlamaState.from_bytes(state.to_bytes()).into_cache(cache)
     after = model.prefill(question, cache, logits="all")
-    fresh = model.prefill(doc + question, model.new_cache(llm.n_ctx, llm.prefill_chunk), logits="all")
+    fresh = model.prefill(doc + question, model.new_cache(llm.n_ctx(), llm.prefill_chunk), logits="all")
     np.testing.assert_array_equal(after, fresh[len(doc):])
 
 

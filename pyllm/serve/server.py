@@ -528,7 +528,7 @@ class _Handlers:
 
     async def models(self) -> dict[str, Any]:
         llm = self.llm
-        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab(), "n_parallel": llm.n_parallel,
+        meta = {"n_ctx": llm.n_ctx(), "n_vocab": llm.n_vocab(), "n_parallel": llm.n_parallel,
                 "architecture": llm.metadata.get("general.architecture")}
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.started,
                                             "owned_by": "pyllm", "meta": meta}]}
