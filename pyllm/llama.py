@@ -13,6 +13,7 @@ computed; `usage.prompt_tokens_details.cached_tokens` says how many were reused.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
@@ -1003,9 +1004,16 @@ class Llama:
     # ---- saved state ------------------------------------------------------------
 
     def model_identity(self) -> str:
-        """The model file's identity as saved states record it (pyllm.state.model_identity)."""
+        """The model file's identity as saved states record it (pyllm.state.model_identity; with other RoPE
+        frequencies than the file's, a hash of it and them)."""
         if self._model_id is None:
-            self._model_id = model_identity(self.model_path, self._file.data_offset)
+            identity = model_identity(self.model_path, self._file.data_offset)
+            model = self.model
+            if model is not None and (model.config.rope_base, model.config.rope_scale) != model.file_rope:
+                # keys cached at other RoPE frequencies (rope_freq_base / rope_freq_scale) are another model's
+                rope = f"{identity} rope {model.config.rope_base!r} {model.config.rope_scale!r}"
+                identity = hashlib.sha256(rope.encode()).hexdigest()
+            self._model_id = identity
         return self._model_id
 
     def save_state(self) -> LlamaState:

@@ -210,6 +210,7 @@ class Model:
         sliding-window layers keep their own (Config.layer_rope)."""
         self.file = f
         self.config = Config.from_gguf(f)
+        self.file_rope = (self.config.rope_base, self.config.rope_scale)  # what the file says
         if rope_freq_base or rope_freq_scale:
             self.config = replace(self.config, rope_base=rope_freq_base or self.config.rope_base,
                                   rope_scale=rope_freq_scale or self.config.rope_scale)

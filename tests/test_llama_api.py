@@ -112,8 +112,6 @@ def test_bad_inputs_raise_clear_errors(llm: Llama) -> None:
         llm.create_completion([1] * 300, max_tokens=1)
     with pytest.raises(ValueError, match="temperature"):
         llm.create_completion("hi", temperature=-1)
-    with pytest.raises(ValueError, match="GPU offload"):
-        Llama(llm.model_path, n_gpu_layers=10)
     with pytest.raises(ValueError, match="unknown catalogue model 'nope'"):
         Llama.from_catalogue("nope")
     # bytes that are not UTF-8 still tokenize (as llama.cpp does) and round-trip
@@ -221,7 +219,7 @@ def test_impossible_sizes_are_refused_up_front_with_the_memory_they_need(smollm2
         Llama(str(smollm2_path), n_ctx=2**20, n_parallel=64)
     for kwargs, param in (({"n_threads": 0}, "n_threads"), ({"n_threads": 10**6}, "n_threads"),
                           ({"n_parallel": 0}, "n_parallel"), ({"n_ctx": -1}, "n_ctx"), ({"n_ctx": "4096"}, "n_ctx"),
-                          ({"prefill_chunk": 0}, "prefill_chunk"), ({"seed": -1}, "seed")):
+                          ({"prefill_chunk": 0}, "prefill_chunk"), ({"seed": -2}, "seed")):
         with pytest.raises(ParamError) as info:
             Llama(str(smollm2_path), **kwargs)
         assert info.value.param == param
