@@ -288,7 +288,7 @@ class Llama:
         chunk = prefill_chunk or batch or 512
         self.cache_bytes = check.integer("cache_bytes", cache_bytes, minimum=0)
         self.embedding = check.boolean("embedding", embedding)
-        self.pooling_type = pooling_type = _pooling_name(pooling_type)
+        pooling_type = _pooling_name(pooling_type)
         check.integer("n_threads_batch", n_threads_batch, minimum=1, maximum=MAX_THREADS, optional=True)
         self.logits_all = check.boolean("logits_all", logits_all)
         chat_format = None if chat_format is None else check.text("chat_format", chat_format)
@@ -798,7 +798,7 @@ class Llama:
                                 presence_penalty=presence_penalty, logit_bias=check.logit_bias(logit_bias,
                                                                                                self.n_vocab()),
                                 seed=self.seed if seed is None else seed, typical_p=typical_p,
-                                grammar=check.grammar(grammar))
+                                penalty_last_n=self.last_n_tokens_size, grammar=check.grammar(grammar))
         if params.grammar is not None:
             VocabIndex.for_tokenizer(self.tokenizer)  # built here, once, not on the engine's thread
         logprobs = check.integer("logprobs", logprobs, minimum=0, maximum=self.n_vocab(), optional=True)
