@@ -12,6 +12,7 @@
  * to finish wakes the caller if it went to sleep.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -54,11 +55,20 @@ static struct {
     .done = PTHREAD_COND_INITIALIZER,
 };
 
+/* Every YIELD_EVERY pauses a spinning thread offers its core to any other thread that can run there (a worker
+ * another process has held off it): where none waits, the call returns at once. */
+#define YIELD_EVERY 256
+
+static inline void spin_pause(int spin) {
+    if (spin % YIELD_EVERY == YIELD_EVERY - 1) sched_yield();
+    else cpu_relax();
+}
+
 /* Wait until the generation differs from seen. */
 static void wait_for_task(unsigned long seen) {
     for (int spin = 0; spin < SPIN_LIMIT; ++spin) {
         if (atomic_load_explicit(&pool.generation, memory_order_acquire) != seen) return;
-        cpu_relax();
+        spin_pause(spin);
     }
     pthread_mutex_lock(&pool.lock);
     while (atomic_load_explicit(&pool.generation, memory_order_acquire) == seen) {
@@ -152,7 +162,7 @@ int pyllm_pool_run(int nth, pool_task_fn fn, void *ctx) {
     }
 
     for (int spin = 0; spin < SPIN_LIMIT && atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spin) {
-        cpu_relax();
+        spin_pause(spin);
     }
     if (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) {
         pthread_mutex_lock(&pool.lock);
