@@ -231,6 +231,8 @@ def chat(model: str, system: str | None, stats: bool, temperature: float, top_k:
               help="Most prompt tokens read per step, so running streams keep flowing during a long prompt.")
 @click.option("--cache-ram", type=click.IntRange(min=0), default=1024, show_default=True,
               help="MiB of finished sequences' KV kept for prompt-prefix reuse.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the prefix cache here across restarts: read at start, written at shutdown.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every request but /health.")
 @click.option("--alias", default=None,
               help="Model name /v1/models lists and responses carry (default: the file's name); requests may "
@@ -245,12 +247,12 @@ def chat(model: str, system: str | None, stats: bool, temperature: float, top_k:
 @click.option("-t", "--threads", type=click.IntRange(min=1, max=256), default=None,
               help="Threads (default: all physical cores).")
 def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx: int, prefill_chunk: int,
-          cache_ram: int, api_key: str | None, alias: str | None, max_body: int, allowed_hosts: str, log_level: str,
-          threads: int | None) -> None:
+          cache_ram: int, cache_dir: str | None, api_key: str | None, alias: str | None, max_body: int,
+          allowed_hosts: str, log_level: str, threads: int | None) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (default: the catalogue's default chat model).
 
     Endpoints: POST /v1/completions, /v1/chat/completions (stream: true for server-sent events),
-    GET /v1/models, /health, /metrics; POST /tokenize, /detokenize.
+    /v1/embeddings; GET /v1/models, /health, /metrics; POST /tokenize, /detokenize.
     """
     import logging
     import socket
@@ -276,6 +278,11 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         listener.close()
         raise click.ClickException(str(exc)) from exc
+    if cache_dir is not None and Path(cache_dir).is_dir():
+        loaded, refused = llm.load_prefix_cache(cache_dir)
+        for line in refused:
+            click.echo(f"pyllm serve: --cache-dir: skipped {line}", err=True)
+        click.echo(f"pyllm serve: {loaded} cached prompt prefixes read from {cache_dir}", err=True)
     name = alias or Path(llm.model_path).stem
     catalogue_name = (model,) if model in catalogue.CATALOGUE and model != name else ()
     hosts = tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()) + (host,)
@@ -286,7 +293,15 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     config = uvicorn.Config(app, log_level="warning" if log_level in ("info", "debug") else log_level,
                             timeout_graceful_shutdown=5, http=header_timeout_protocol())
     server = uvicorn.Server(config)
-    shutdown_ending_requests(server, llm.engine)
+
+    def save_prefixes() -> None:
+        try:
+            saved = llm.save_prefix_cache(cache_dir)
+            click.echo(f"pyllm serve: {saved} cached prompt prefixes written to {cache_dir}", err=True)
+        except (OSError, ValueError) as exc:
+            click.echo(f"pyllm serve: --cache-dir: could not write the prefix cache: {exc}", err=True)
+
+    shutdown_ending_requests(server, llm.engine, then=save_prefixes if cache_dir is not None else None)
     try:
         server.run(sockets=[listener])
     finally:

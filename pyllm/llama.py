@@ -22,6 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -231,6 +232,9 @@ def _timings(request: Request, finished_at: float) -> dict[str, Any]:
     prompt_ms, predicted_ms = 1e3 * (first - request.submitted_at), 1e3 * (finished_at - first)
     return {"prompt_n": len(request.prompt) - request.n_cached, "cache_n": request.n_cached, "prompt_ms": prompt_ms,
             "predicted_n": request.n_generated, "predicted_ms": predicted_ms}
+
+
+PREFIX_SUFFIX = ".pyllm-prefix"  # save_prefix_cache's files
 
 
 class Llama:
@@ -705,6 +709,35 @@ class Llama:
             token = self._draw(sampler, matcher, processors, row, self.n_tokens)
             sent = yield token
             tokens = [token, *check.token_ids("tokens", sent, self.n_vocab())] if sent else [token]
+
+    def save_prefix_cache(self, directory: str | os.PathLike[str]) -> int:
+        """Write every cached prompt prefix (tokens and KV cache) into `directory`, one session file each
+        (`*.pyllm-prefix`, replacing those there); how many. The server's --cache-dir keeps its cache across
+        restarts this way."""
+        self._require_model()
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        identity = self.model_identity()
+        states = self.engine.prefix_cache.snapshot(lambda tokens, cache: LlamaState.from_cache(identity, tokens,
+                                                                                               cache))
+        for old in folder.glob(f"*{PREFIX_SUFFIX}"):
+            old.unlink()
+        for i, state in enumerate(states):
+            state.save(folder / f"{i:04d}{PREFIX_SUFFIX}")
+        return len(states)
+
+    def load_prefix_cache(self, directory: str | os.PathLike[str]) -> tuple[int, list[str]]:
+        """Read the files save_prefix_cache wrote back into the prefix cache, oldest first: (how many were
+        taken, a line for each file refused: another model's, damaged, too long for this context)."""
+        loaded, refused = 0, []
+        for path in sorted(Path(directory).glob(f"*{PREFIX_SUFFIX}")):
+            try:
+                self.load_state(LlamaState.load(path))
+                loaded += 1
+            except ParamError as exc:
+                refused.append(f"{path.name}: {exc}")
+        self._last_requests = []
+        return loaded, refused
 
     def reset(self) -> None:
         """Empty the context of eval / generate and forget the prompts the completions' prefix cache holds."""

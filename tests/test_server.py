@@ -477,16 +477,17 @@ def test_slow_clients_are_cut_off(smollm2_path, monkeypatch) -> None:
         llm.close()
 
 
-def test_the_cli_server_logs_requests_refuses_a_busy_port_and_stops_on_sigterm(smollm2_path) -> None:
+def test_the_cli_server_logs_requests_refuses_a_busy_port_and_stops_on_sigterm(smollm2_path, tmp_path) -> None:
     """`pyllm serve`: one log line per request; a second server on the same port is one error line before any
-    banner; SIGTERM ends a running stream with an error event and the process within seconds."""
+    banner; SIGTERM ends a running stream with an error event and the process within seconds, having written its
+    prefix cache to --cache-dir."""
     import signal
     import subprocess
     import sys
 
     port = _free_port()
     command = [sys.executable, "-m", "pyllm.cli", "serve", str(smollm2_path), "--port", str(port), "-c", "256",
-               "-t", "1"]
+               "-t", "1", "--cache-dir", str(tmp_path / "prefixes")]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -514,6 +515,8 @@ def test_the_cli_server_logs_requests_refuses_a_busy_port_and_stops_on_sigterm(s
         server.kill()
         log = server.stderr.read()
     assert "POST /v1/completions 200 prompt=1 cached=0 generated=2 ttft=" in log
+    assert f"cached prompt prefixes written to {tmp_path / 'prefixes'}" in log
+    assert list((tmp_path / "prefixes").glob("*.pyllm-prefix"))
 
 
 def test_logprobs_and_n_through_the_openai_client(quick_client: openai.OpenAI, quick_server: _Server) -> None:

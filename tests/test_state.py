@@ -143,3 +143,23 @@ def test_sliding_window_rings_are_saved_and_placed_again(gemma_path) -> None:
         got = other.create_completion(doc + question, max_tokens=4, temperature=0, logprobs=1)
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(doc)
         assert got["choices"] == want["choices"]
+
+
+def test_the_prefix_cache_survives_a_restart(llm: Llama, doc_state, tmp_path, smollm2_path, gemma_path) -> None:
+    """save_prefix_cache / load_prefix_cache (the server's --cache-dir): a restarted Llama reads the document's
+    prefix from the folder, answers as never saving, and counts the document as cached; another model's file in
+    the folder is skipped with its reason."""
+    doc, question, state, want = doc_state
+    llm.reset()
+    llm.load_state(state)
+    assert llm.save_prefix_cache(tmp_path) == 1
+    with Llama(str(gemma_path), n_ctx=64, n_threads=1) as gemma:
+        gemma.create_completion("Hello", max_tokens=1, temperature=0)
+        gemma.save_prefix_cache(tmp_path / "gemma")
+    (tmp_path / "gemma" / "0000.pyllm-prefix").rename(tmp_path / "0001.pyllm-prefix")
+    with Llama(str(smollm2_path), n_ctx=512, n_threads=1, prefill_chunk=64) as other:
+        loaded, refused = other.load_prefix_cache(tmp_path)
+        assert loaded == 1 and len(refused) == 1 and "another model" in refused[0]
+        got = other.create_completion(doc + question, max_tokens=8, temperature=0, logprobs=2)
+        assert got["choices"] == want["choices"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(doc) - 1

@@ -151,6 +151,11 @@ class PrefixCache:
                 return None
             return copy(latest.tokens, latest.cache)
 
+    def snapshot(self, copy: Callable[[list[int], KVCache], T]) -> list[T]:
+        """copy(tokens, cache) of every entry, most recently used last, under the lock."""
+        with self._lock:
+            return [copy(e.tokens, e.cache) for e in sorted(self._entries, key=lambda e: e.last_used)]
+
     def clear(self) -> None:
         with self._lock:
             for e in self._entries:

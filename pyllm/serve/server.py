@@ -406,14 +406,17 @@ def header_timeout_protocol(seconds: float = HEADER_SECONDS) -> type:
     return HeaderTimeoutProtocol
 
 
-def shutdown_ending_requests(server, engine) -> None:
+def shutdown_ending_requests(server, engine, then: Callable[[], None] | None = None) -> None:
     """Make a uvicorn.Server end the engine's requests when it shuts down (SIGTERM, Ctrl-C), before it waits for
     the open connections: each running or waiting request then ends at once (a 503, or an error event in its
-    stream) rather than holding the shutdown until the graceful timeout cancels it mid-answer."""
+    stream) rather than holding the shutdown until the graceful timeout cancels it mid-answer. `then` runs once
+    the engine has stopped (uvicorn raises the signal again when it returns, so code after server.run may not)."""
     shutdown = server.shutdown
 
     async def shutdown_after_the_engine(sockets=None) -> None:
         await asyncio.to_thread(engine.close)
+        if then is not None:
+            await asyncio.to_thread(then)
         await shutdown(sockets)
 
     server.shutdown = shutdown_after_the_engine
