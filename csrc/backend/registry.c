@@ -12,7 +12,8 @@
 
 #include "backend/kernel_set.h"
 
-extern const pyllm_backend backend_generic, backend_avx2, backend_avx512, backend_avx512_vnni;
+extern const pyllm_backend backend_generic, backend_avx2, backend_avx512, backend_avx512_vnni, backend_neon,
+    backend_neon_dotprod;
 
 /* Indexed by tier, in order of preference: the best tier is the last one the CPU runs. */
 static const pyllm_backend *const backends[PYLLM_TIER_COUNT] = {
@@ -20,6 +21,8 @@ static const pyllm_backend *const backends[PYLLM_TIER_COUNT] = {
     [PYLLM_TIER_AVX2] = &backend_avx2,
     [PYLLM_TIER_AVX512] = &backend_avx512,
     [PYLLM_TIER_AVX512_VNNI] = &backend_avx512_vnni,
+    [PYLLM_TIER_NEON] = &backend_neon,
+    [PYLLM_TIER_NEON_DOTPROD] = &backend_neon_dotprod,
 };
 
 static struct {

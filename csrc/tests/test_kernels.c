@@ -38,6 +38,12 @@ static double min_term_rounding(int type, const uint8_t *w, const uint8_t *act, 
     return bound;
 }
 
+/* Whether the best tier is an x86 SIMD one: those have row, cols and tile kernels, so a check of them that found
+ * none is a failure there (the neon tiers have vec_dot alone so far). */
+static int best_is_x86_simd(void) {
+    return pyllm_cpu_best_tier() >= PYLLM_TIER_AVX2 && pyllm_cpu_best_tier() <= PYLLM_TIER_AVX512_VNNI;
+}
+
 static void test_tiers_agree(void) {
     const int best = pyllm_cpu_best_tier();
     for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
@@ -434,7 +440,7 @@ static void compare_cols_kernel(int type, vec_dot_fn one, vec_dot_cols_fn cols, 
  * four-block steps of Q4_0 and their tails) and every kind of weight bytes, extremes too; and pyllm_matmul of
  * one row, which goes through the active tier's, equals the single-row kernel on 1 to 3 threads. */
 static void test_row_kernels_agree(void) {
-    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
+    if (pyllm_cpu_best_tier() == PYLLM_TIER_GENERIC) return;
     int checked = 0, bad = 0, types = 0, cols_types = 0;
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
@@ -470,7 +476,7 @@ static void test_row_kernels_agree(void) {
         free(act);
         free(w);
     }
-    CHECK(types >= 3 && cols_types >= 2 && bad == 0,
+    CHECK((!best_is_x86_simd() || (types >= 3 && cols_types >= 2)) && bad == 0,
           "row and cols kernels: %d and %d types, %d of %d outputs differ from the single-row kernel", types, cols_types,
           bad, checked);
 }
@@ -593,7 +599,7 @@ static void test_interleaved_is_plain(void) {
         }
     }
     CHECK(kernel_bad == 0, "tile kernels: %d of %d outputs differ from generic vec_dot", kernel_bad, kernel_checked);
-    CHECK(pyllm_cpu_best_tier() < PYLLM_TIER_AVX2 || kernel_checked > 0, "tile kernels: none checked on %s",
+    CHECK(!best_is_x86_simd() || kernel_checked > 0, "tile kernels: none checked on %s",
           pyllm_tier_name(pyllm_cpu_best_tier()));
     uint8_t blocks[X16_ROWS * sizeof(block_q8_0)] = {0}, out[sizeof blocks];
     float y[X16_ROWS], x1[QK32] = {0};
