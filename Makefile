@@ -11,7 +11,7 @@ C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*/*.c))
 
 help:
 	@echo "make chat       install pyllm, fetch the default model (Qwen2.5-Coder-1.5B, 1.1 GB) and chat with it"
-	@echo "make test       install the test dependencies and run every test (what CI runs)"
+	@echo "make test       install the test dependencies and run every test (what CI runs; test-arm included)"
 	@echo "make test-asan  the C kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make test-arm   the C tests cross-compiled for aarch64, run under qemu (NEON, dotprod; installs the tools)"
 	@echo "make test-asan-py  forward passes of every architecture through the C core under ASan + UBSan"
@@ -107,7 +107,7 @@ test-py: models
 lint:
 	$(PYTHON) -m ruff check pyllm tests
 
-test: install models lint test-c test-asan test-asan-py test-py
+test: install models lint test-c test-arm test-asan test-asan-py test-py
 
 clean:
 	rm -rf build *.egg-info pyllm/*.so $(addprefix csrc/tests/,$(C_TESTS) $(addsuffix _asan,$(C_TESTS)))
