@@ -35,7 +35,7 @@ chat: install
 	$(PYTHON) -m pyllm.cli pull $(MODEL)
 	$(PYTHON) -m pyllm.cli chat $(MODEL)
 
-C_TESTS = test_kernels test_ops test_simd_stress
+C_TESTS = test_kernels test_ops test_simd_stress test_forward
 C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*/*.h csrc/*/*.inc)
 
 csrc/tests/%: csrc/tests/%.c $(C_DEPS)
@@ -93,9 +93,13 @@ $(ARM_DIR)/tests/%: $(ARM_DIR)/tests/%.o $(ARM_OBJS)
 	$(ARM_CC) -static -pthread $^ -o $@ -lm
 .PRECIOUS: $(ARM_DIR)/%.o
 
-test-arm: $(addprefix $(ARM_DIR)/tests/,$(C_TESTS))
-	@for cpu in $(ARM_CPUS); do for t in $^; do \
+# Then test_forward's digest of a forward pass, under emulation, against the native build's: the same bits.
+test-arm: $(addprefix $(ARM_DIR)/tests/,$(C_TESTS)) csrc/tests/test_forward
+	@for cpu in $(ARM_CPUS); do for t in $(addprefix $(ARM_DIR)/tests/,$(C_TESTS)); do \
 	    echo "== qemu-aarch64 -cpu $$cpu $$t"; $(ARM_QEMU) -cpu $$cpu ./$$t || exit 1; done; done
+	@want=$$(./csrc/tests/test_forward | sed -n 's/.*digest //p'); for cpu in $(ARM_CPUS); do \
+	    got=$$($(ARM_QEMU) -cpu $$cpu ./$(ARM_DIR)/tests/test_forward | sed -n 's/.*digest //p'); \
+	    echo "== forward pass digest: native $$want, aarch64 -cpu $$cpu $$got"; [ -n "$$want" ] && [ "$$want" = "$$got" ] || exit 1; done
 
 # ns per 4096-element row of every vec_dot kernel, per tier (one thread)
 bench-kernels: csrc/tests/test_simd_stress
