@@ -1,7 +1,7 @@
 /*
  * backends_arm.c - the aarch64 tiers as backends (backend/kernel_set.h), each building on the one below:
- *   neon          every weight type's vec_dot by 128-bit Advanced SIMD, int8 dots by smull + pairwise adds (vec_dot_neon.c): every
- *                 aarch64 CPU;
+ *   neon          every weight type's vec_dot by 128-bit Advanced SIMD, int8 dots by smull + pairwise adds
+ *                 (vec_dot_neon.c): every aarch64 CPU;
  *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), where the CPU has FEAT_DotProd.
  * Their sets have vec_dot alone (matmul goes row by row) and the generic ops. The dotprod kernels take their target
  * by pragma, so one build runs on any aarch64: the tier is used only where the OS says the CPU runs it (Linux:

@@ -376,7 +376,8 @@ static void test_argmax_agrees(void) {
             }
         }
     }
-    CHECK((checked > 0 || pyllm_cpu_best_tier() == PYLLM_TIER_GENERIC) && bad == 0, "argmax: %d of %d rows differ from generic's", bad, checked);
+    CHECK((checked > 0 || pyllm_cpu_best_tier() == PYLLM_TIER_GENERIC) && bad == 0,
+          "argmax: %d of %d rows differ from generic's", bad, checked);
     float row[3] = {1.0f, 5.0f, 2.0f}, scratch[3], top;
     const int64_t ids[2] = {1, 2}, outside[1] = {3}, lifted[1] = {0}, tied[2] = {2, 0};
     const float vals[2] = {-10.0f, 1.0f}, lift[1] = {5.0f}, ties[2] = {3.0f, 4.0f};
