@@ -6,12 +6,14 @@ CFLAGS_C = -std=c11 -O2 -g -Wall -Wextra -Werror -ffp-contract=off -pthread
 SANITIZE = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*/*.c))
 
-.PHONY: help install build models chat test test-py test-c test-asan test-asan-py bench-kernels lint clean
+.PHONY: help install build models chat test test-py test-c test-asan test-asan-py test-arm arm-toolchain bench-kernels lint \
+	clean
 
 help:
 	@echo "make chat       install pyllm, fetch the default model (Qwen2.5-Coder-1.5B, 1.1 GB) and chat with it"
-	@echo "make test       install the test dependencies and run every test (what CI runs)"
+	@echo "make test       install the test dependencies and run every test (what CI runs; test-arm included)"
 	@echo "make test-asan  the C kernel tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+	@echo "make test-arm   the C tests cross-compiled for aarch64, run under qemu (NEON, dotprod; installs the tools)"
 	@echo "make test-asan-py  forward passes of every architecture through the C core under ASan + UBSan"
 	@echo "make models     fetch the catalogue models the tests use into models/"
 	@echo "make build      rebuild the C core after editing csrc/"
@@ -33,7 +35,7 @@ chat: install
 	$(PYTHON) -m pyllm.cli pull $(MODEL)
 	$(PYTHON) -m pyllm.cli chat $(MODEL)
 
-C_TESTS = test_kernels test_ops test_simd_stress
+C_TESTS = test_kernels test_ops test_simd_stress test_forward
 C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*/*.h csrc/*/*.inc)
 
 csrc/tests/%: csrc/tests/%.c $(C_DEPS)
@@ -64,6 +66,41 @@ test-asan-py:
 	    PYTHONPATH=$(ASAN_PY) $(PYTHON) tests/sanitized_forward.py $(ASAN_PY)
 	$(PYTHON) -m tests.fuzz.gguf_fuzz --files 1000 --seed 3 --sanitized $(ASAN_PY)
 
+# ARM under emulation: the C tests cross-compiled for aarch64 (static: no target libraries needed at run time) and
+# run under qemu-user, once as a CPU with dotprod and i8mm (-cpu max) and once as one with neither (cortex-a53): every
+# tier each CPU runs against generic, bit for bit, as test-c does. The cross compiler, its libc and qemu are installed
+# through apt-get where they are missing (as root, or by sudo).
+ARM_CC = aarch64-linux-gnu-gcc
+ARM_QEMU = qemu-aarch64
+ARM_CPUS = max cortex-a53
+ARM_PACKAGES = gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+ARM_DIR = build/arm
+ARM_OBJS = $(patsubst csrc/%.c,$(ARM_DIR)/%.o,$(C_SOURCES))
+
+arm-toolchain:
+	@if ! command -v $(ARM_CC) >/dev/null || ! command -v $(ARM_QEMU) >/dev/null \
+	    || [ ! -e "$$($(ARM_CC) -print-file-name=libc.a)" ]; then \
+	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(ARM_PACKAGES); \
+	fi
+
+$(ARM_DIR)/%.o: csrc/%.c $(filter-out %.c,$(C_DEPS)) | arm-toolchain
+	@mkdir -p $(dir $@)
+	$(ARM_CC) $(CFLAGS_C) -Icsrc -c $< -o $@
+
+$(ARM_DIR)/tests/%: $(ARM_DIR)/tests/%.o $(ARM_OBJS)
+	$(ARM_CC) -static -pthread $^ -o $@ -lm
+.PRECIOUS: $(ARM_DIR)/%.o
+
+# Then test_forward's digest of a forward pass, under emulation, against the native build's: the same bits.
+test-arm: $(addprefix $(ARM_DIR)/tests/,$(C_TESTS)) csrc/tests/test_forward
+	@for cpu in $(ARM_CPUS); do for t in $(addprefix $(ARM_DIR)/tests/,$(C_TESTS)); do \
+	    echo "== qemu-aarch64 -cpu $$cpu $$t"; $(ARM_QEMU) -cpu $$cpu ./$$t || exit 1; done; done
+	@want=$$(./csrc/tests/test_forward | sed -n 's/.*digest //p'); for cpu in $(ARM_CPUS); do \
+	    got=$$($(ARM_QEMU) -cpu $$cpu ./$(ARM_DIR)/tests/test_forward | sed -n 's/.*digest //p'); \
+	    echo "== forward pass digest: native $$want, aarch64 -cpu $$cpu $$got"; [ -n "$$want" ] && [ "$$want" = "$$got" ] || exit 1; done
+
 # ns per 4096-element row of every vec_dot kernel, per tier (one thread)
 bench-kernels: csrc/tests/test_simd_stress
 	./csrc/tests/test_simd_stress 0 bench
@@ -74,7 +111,7 @@ test-py: models
 lint:
 	$(PYTHON) -m ruff check pyllm tests
 
-test: install models lint test-c test-asan test-asan-py test-py
+test: install models lint test-c test-arm test-asan test-asan-py test-py
 
 clean:
 	rm -rf build *.egg-info pyllm/*.so $(addprefix csrc/tests/,$(C_TESTS) $(addsuffix _asan,$(C_TESTS)))

@@ -48,13 +48,17 @@ enum pyllm_type {
 };
 
 /* Kernel tiers, one backend each (backend/registry.c), in order of preference: the best is the last the CPU runs.
- * On x86-64 a CPU that runs a tier runs every lower one. */
+ * On x86-64 a CPU that runs a tier runs every lower one; on aarch64 it runs neither x86 tier, whose kernel sets
+ * there are generic's (no kernels of their own are built), so every tier up to the best still gives the references'
+ * bits. */
 enum pyllm_tier {
-    PYLLM_TIER_GENERIC = 0,      /* portable scalar C: the reference */
-    PYLLM_TIER_AVX2 = 1,         /* AVX2 + FMA + F16C */
-    PYLLM_TIER_AVX512 = 2,       /* AVX-512 F/BW/VL/DQ */
-    PYLLM_TIER_AVX512_VNNI = 3,  /* the above + AVX-512 VNNI */
-    PYLLM_TIER_COUNT = 4
+    PYLLM_TIER_GENERIC = 0,       /* portable scalar C: the reference */
+    PYLLM_TIER_AVX2 = 1,          /* AVX2 + FMA + F16C */
+    PYLLM_TIER_AVX512 = 2,        /* AVX-512 F/BW/VL/DQ */
+    PYLLM_TIER_AVX512_VNNI = 3,   /* the above + AVX-512 VNNI */
+    PYLLM_TIER_NEON = 4,          /* aarch64 Advanced SIMD */
+    PYLLM_TIER_NEON_DOTPROD = 5,  /* the above + FEAT_DotProd (sdot) */
+    PYLLM_TIER_COUNT = 6
 };
 
 /* Error codes returned by the int-valued functions below. */

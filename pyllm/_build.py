@@ -22,7 +22,8 @@ SOURCES = sorted(str(p.relative_to(CSRC)) for p in CSRC.glob("*/*.c") if p.paren
 # -ffp-contract=off: the reference kernels must not have a*b+c fused behind
 # their back (the dequantizers are bit-identical to gguf's numpy, and the
 # vec_dots use fmaf() exactly where they mean it). SIMD files raise their own
-# target with pragmas, so one build runs on any x86-64.
+# target with pragmas, so one build runs on any x86-64 (or any aarch64: csrc/x86
+# compiles to no kernels there, csrc/arm to none on x86).
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-ffp-contract=off", "-fno-math-errno", "-pthread"]
 
 

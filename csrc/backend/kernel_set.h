@@ -210,6 +210,10 @@ typedef struct {
  * that is not a weight type. */
 const pyllm_kernel_set *kernel_set(int tier, int layout);
 
+/* Whether this CPU runs `tier`'s kernels. A tier below the best it may not run (an x86 tier on aarch64) has no kernels
+ * of its own built there: its sets are its base's, and the tests skip it. */
+int tier_runs(int tier);
+
 /* The non-matmul kernels of `tier`, and of the active tier. */
 const op_set *tier_ops(int tier);
 const op_set *active_ops(void);

@@ -12,7 +12,8 @@
 
 #include "backend/kernel_set.h"
 
-extern const pyllm_backend backend_generic, backend_avx2, backend_avx512, backend_avx512_vnni;
+extern const pyllm_backend backend_generic, backend_avx2, backend_avx512, backend_avx512_vnni, backend_neon,
+    backend_neon_dotprod;
 
 /* Indexed by tier, in order of preference: the best tier is the last one the CPU runs. */
 static const pyllm_backend *const backends[PYLLM_TIER_COUNT] = {
@@ -20,11 +21,14 @@ static const pyllm_backend *const backends[PYLLM_TIER_COUNT] = {
     [PYLLM_TIER_AVX2] = &backend_avx2,
     [PYLLM_TIER_AVX512] = &backend_avx512,
     [PYLLM_TIER_AVX512_VNNI] = &backend_avx512_vnni,
+    [PYLLM_TIER_NEON] = &backend_neon,
+    [PYLLM_TIER_NEON_DOTPROD] = &backend_neon_dotprod,
 };
 
 static struct {
     pyllm_kernel_set sets[PYLLM_TIER_COUNT][PYLLM_TYPE_COUNT];
     op_set ops[PYLLM_TIER_COUNT];
+    int runs[PYLLM_TIER_COUNT];  /* whether this CPU runs the tier's kernels */
     int best_tier;
 } registry;
 
@@ -87,7 +91,8 @@ static void init_once(void) {
         for (int type = 0; type < PYLLM_TYPE_COUNT; ++type) {  /* tiled layouts after their plain types */
             if (type_traits(type) != NULL && type_traits(type)->tile_rows > 1) build_set(tier, type);
         }
-        if (backends[tier]->cpu_runs == NULL || backends[tier]->cpu_runs()) registry.best_tier = tier;
+        registry.runs[tier] = backends[tier]->cpu_runs == NULL || backends[tier]->cpu_runs();
+        if (registry.runs[tier]) registry.best_tier = tier;
     }
     int tier = registry.best_tier;
     const char *forced = getenv("PYLLM_TIER");  /* e.g. PYLLM_TIER=generic: run the references */
@@ -118,6 +123,11 @@ const op_set *tier_ops(int tier) {
 const op_set *active_ops(void) {
     ensure_init();
     return &registry.ops[atomic_load_explicit(&active_tier, memory_order_relaxed)];
+}
+
+int tier_runs(int tier) {
+    ensure_init();
+    return tier >= 0 && tier < PYLLM_TIER_COUNT && registry.runs[tier];
 }
 
 int pyllm_cpu_best_tier(void) { ensure_init(); return registry.best_tier; }

@@ -38,6 +38,12 @@ static double min_term_rounding(int type, const uint8_t *w, const uint8_t *act, 
     return bound;
 }
 
+/* Whether the best tier is an x86 SIMD one: those have row, cols and tile kernels, so a check of them that found
+ * none is a failure there (the neon tiers have vec_dot alone so far). */
+static int best_is_x86_simd(void) {
+    return pyllm_cpu_best_tier() >= PYLLM_TIER_AVX2 && pyllm_cpu_best_tier() <= PYLLM_TIER_AVX512_VNNI;
+}
+
 static void test_tiers_agree(void) {
     const int best = pyllm_cpu_best_tier();
     for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
@@ -61,6 +67,7 @@ static void test_tiers_agree(void) {
             float ref;
             CHECK(pyllm_vec_dot(PYLLM_TIER_GENERIC, type, w, act, n, &ref) == PYLLM_OK, "generic %s", pyllm_type_name(type));
             for (int tier = 1; tier <= best; ++tier) {
+                if (!tier_runs(tier)) continue;  /* an x86 tier on aarch64: generic's kernels */
                 float got;
                 CHECK(pyllm_vec_dot(tier, type, w, act, n, &got) == PYLLM_OK, "tier %d", tier);
                 CHECK(memcmp(&got, &ref, 4) == 0, "%s n=%lld tier %s: %.9g != generic %.9g", pyllm_type_name(type),
@@ -211,6 +218,7 @@ static void compare_panel_kernel(const pyllm_kernel_set *ks, int *checked, int *
 static void test_panel_kernels_agree(void) {
     int checked = 0, bad = 0, sets = 0;
     for (int tier = 0; tier <= pyllm_cpu_best_tier(); ++tier) {
+        if (!tier_runs(tier)) continue;  /* an x86 tier on aarch64: generic's kernels */
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
             const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
             if (ks->panel == NULL) continue;
@@ -362,6 +370,7 @@ static void compare_rows_kernel(int type, vec_dot_fn one, vec_dot_rows_fn rows, 
 static void test_rows_kernels_agree(void) {
     int checked = 0, bad = 0;
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        if (!tier_runs(tier)) continue;  /* an x86 tier on aarch64: generic's kernels */
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
             const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
             for (int n_groups = 1; n_groups <= 2; ++n_groups) {
@@ -434,9 +443,10 @@ static void compare_cols_kernel(int type, vec_dot_fn one, vec_dot_cols_fn cols, 
  * four-block steps of Q4_0 and their tails) and every kind of weight bytes, extremes too; and pyllm_matmul of
  * one row, which goes through the active tier's, equals the single-row kernel on 1 to 3 threads. */
 static void test_row_kernels_agree(void) {
-    if (pyllm_cpu_best_tier() < PYLLM_TIER_AVX2) return;
+    if (pyllm_cpu_best_tier() == PYLLM_TIER_GENERIC) return;
     int checked = 0, bad = 0, types = 0, cols_types = 0;
     for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+        if (!tier_runs(tier)) continue;  /* an x86 tier on aarch64: generic's kernels */
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
             const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
             if (ks->cols4 != NULL) {
@@ -470,7 +480,7 @@ static void test_row_kernels_agree(void) {
         free(act);
         free(w);
     }
-    CHECK(types >= 3 && cols_types >= 2 && bad == 0,
+    CHECK((!best_is_x86_simd() || (types >= 3 && cols_types >= 2)) && bad == 0,
           "row and cols kernels: %d and %d types, %d of %d outputs differ from the single-row kernel", types, cols_types,
           bad, checked);
 }
@@ -496,6 +506,7 @@ static void test_grouped_q5_0_is_q5_0(void) {
             pyllm_dequantize_row(PYLLM_TYPE_Q5_0_G8, grouped + r * row_bytes, f_grouped, n);
             CHECK(memcmp(f_plain, f_grouped, (size_t)n * sizeof(float)) == 0, "blocks=%d row %d: values differ", blocks, r);
             for (int tier = 0; tier <= best; ++tier) {
+                if (!tier_runs(tier)) continue;  /* an x86 tier on aarch64: generic's kernels */
                 float a, b;
                 CHECK(pyllm_vec_dot(tier, PYLLM_TYPE_Q5_0, plain + r * row_bytes, act, n, &a) == PYLLM_OK &&
                       pyllm_vec_dot(tier, PYLLM_TYPE_Q5_0_G8, grouped + r * row_bytes, act, n, &b) == PYLLM_OK &&
@@ -593,7 +604,7 @@ static void test_interleaved_is_plain(void) {
         }
     }
     CHECK(kernel_bad == 0, "tile kernels: %d of %d outputs differ from generic vec_dot", kernel_bad, kernel_checked);
-    CHECK(pyllm_cpu_best_tier() < PYLLM_TIER_AVX2 || kernel_checked > 0, "tile kernels: none checked on %s",
+    CHECK(!best_is_x86_simd() || kernel_checked > 0, "tile kernels: none checked on %s",
           pyllm_tier_name(pyllm_cpu_best_tier()));
     uint8_t blocks[X16_ROWS * sizeof(block_q8_0)] = {0}, out[sizeof blocks];
     float y[X16_ROWS], x1[QK32] = {0};

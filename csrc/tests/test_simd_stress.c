@@ -35,7 +35,7 @@ static void bench(int best) {
     printf("\n== timing: ns per %lld-element row (one thread, %lld rows, best of 5)\n", (long long)n, (long long)rows);
     printf("%-6s", "type");
     for (int t = 0; t < N_TABLES; ++t) {
-        if (t <= best) printf(" %12s", pyllm_tier_name(t));
+        if (t <= best && tier_runs(t)) printf(" %12s", pyllm_tier_name(t));
     }
     printf("\n");
     volatile float sink = 0;
@@ -50,7 +50,7 @@ static void bench(int best) {
         make_activations(type, act, x, n);
         printf("%-6s", pyllm_type_name(type));
         for (int t = 0; t < N_TABLES; ++t) {
-            if (t > best) continue;
+            if (t > best || !tier_runs(t)) continue;
             const vec_dot_fn k = tier_vec_dot(t, type);
             if (k == NULL) { printf(" %12s", "-"); continue; }
             double best_s = 1e30;
@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     long checks[N_TABLES] = {0}, fails[N_TABLES] = {0};
     long type_fails[N_TABLES][N_WEIGHT_TYPES] = {{0}};
     for (int t = 1; t < N_TABLES && iters > 0; ++t) {
-        if (t > best) continue;
+        if (t > best || !tier_runs(t)) continue;
         int own = 0;
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) own += tier_vec_dot(t, weight_types[ti]) != tier_vec_dot(0, weight_types[ti]);
         printf("tier %s: kernels of its own for %d of %d weight types\n", pyllm_tier_name(t), own, N_WEIGHT_TYPES);
@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
                 make_activations(type, act, x, n);
                 const float ref = tier_vec_dot(PYLLM_TIER_GENERIC, type)(n, w, act);
                 for (int t = 1; t < N_TABLES; ++t) {
-                    if (t > best) continue;
+                    if (t > best || !tier_runs(t)) continue;
                     const float got = tier_vec_dot(t, type)(n, w, act);
                     checks[t]++;
                     if (memcmp(&got, &ref, 4) != 0) {
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     }
     long total_checks = 0, total_fails = 0;
     for (int t = 1; t < N_TABLES && iters > 0; ++t) {
-        if (t > best) continue;
+        if (t > best || !tier_runs(t)) continue;
         printf("stress tier %s: %ld checks, %ld failed\n", pyllm_tier_name(t), checks[t], fails[t]);
         total_checks += checks[t];
         total_fails += fails[t];

@@ -1,0 +1,71 @@
+/*
+ * backends_arm.c - the aarch64 tiers as backends (backend/kernel_set.h), each building on the one below:
+ *   neon          every weight type's vec_dot by 128-bit Advanced SIMD, int8 dots by smull + pairwise adds
+ *                 (vec_dot_neon.c): every aarch64 CPU;
+ *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), where the CPU has FEAT_DotProd.
+ * Their sets have vec_dot alone (matmul goes row by row) and the generic ops. The dotprod kernels take their target
+ * by pragma, so one build runs on any aarch64: the tier is used only where the OS says the CPU runs it (Linux:
+ * getauxval(AT_HWCAP); macOS: sysctl hw.optional.arm.FEAT_DotProd).
+ */
+#include "arm/arm.h"
+
+#if defined(__aarch64__)
+
+#if defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+
+static int runs_neon(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0; }
+static int runs_neon_dotprod(void) { return runs_neon() && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+
+static int runs_neon(void) { return 1; }  /* every Apple arm64 CPU */
+static int runs_neon_dotprod(void) {
+    int has = 0;
+    size_t len = sizeof has;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &has, &len, NULL, 0) == 0 && has != 0;
+}
+
+#else /* no way to ask here: Advanced SIMD is part of the aarch64 ABI, dotprod only if the build assumed it */
+
+static int runs_neon(void) { return 1; }
+#if defined(__ARM_FEATURE_DOTPROD)
+static int runs_neon_dotprod(void) { return 1; }
+#else
+static int runs_neon_dotprod(void) { return 0; }
+#endif
+
+#endif
+
+/* A table's kernel of a type, in place of the set's, where it has one. */
+static void take_vec_dot(pyllm_kernel_set *set, int type, const vec_dot_fn *table) {
+    if (table[type] != NULL) set->vec_dot = table[type];
+}
+
+static void fill_neon(int type, pyllm_kernel_set *set) { take_vec_dot(set, type, vec_dot_table_neon); }
+static void fill_neon_dotprod(int type, pyllm_kernel_set *set) {
+    take_vec_dot(set, type, vec_dot_table_neon_dotprod);
+}
+
+const pyllm_backend backend_neon = {
+    .name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_neon, .fill = fill_neon,
+};
+const pyllm_backend backend_neon_dotprod = {
+    .name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_neon_dotprod, .fill = fill_neon_dotprod,
+};
+
+#else /* not aarch64: the tiers exist by name, and no CPU runs them */
+
+static int runs_none(void) { return 0; }
+
+const pyllm_backend backend_neon = {.name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_none};
+const pyllm_backend backend_neon_dotprod = {.name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_none};
+
+#endif
