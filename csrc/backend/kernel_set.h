@@ -100,6 +100,8 @@ struct pyllm_kernel_set {
     panel_kernel_fn panel;
     tile_kernel_fn tile;            /* a tiled layout's only */
     int tile_max_rows;              /* the most activation rows one tile call takes */
+    int tile_prefill;               /* 1: a prompt's rows go to the tile kernel too; 0: a prompt reads each tile
+                                       gathered back into plain rows (rows4 / rows8: the plain type's) */
 };
 
 /* ---- the non-matmul kernels of a tier ---- */

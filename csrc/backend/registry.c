@@ -53,8 +53,8 @@ static quantize_row_fn act_quantizer(const op_kernels *ops, int act_type) {
     }
 }
 
-/* Set (tier, type): its base tier's, then the backend's own kernels; a tiled layout keeps only its tile kernel
- * (its rows otherwise rebuilt for its plain type's vec_dot), the panel kernels go three or none. */
+/* Set (tier, type): its base tier's, then the backend's own kernels; a tiled layout keeps its tile kernel and its
+ * plain type's vec_dot and multi-row kernels (for rows rebuilt from the tiles), the panel kernels go three or none. */
 static void build_set(int tier, int type) {
     const pyllm_type_traits *t = type_traits(type);
     pyllm_kernel_set *set = &registry.sets[tier][type];
@@ -63,8 +63,10 @@ static void build_set(int tier, int type) {
     if (t == NULL || t->vec_dot_type < 0) return;
     if (b->fill != NULL) b->fill(type, set);
     if (t->tile_rows > 1) {
-        *set = (pyllm_kernel_set){.vec_dot = registry.sets[tier][t->plain_type].vec_dot, .tile = set->tile,
-                                  .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0};
+        const pyllm_kernel_set *plain = &registry.sets[tier][t->plain_type];
+        *set = (pyllm_kernel_set){.vec_dot = plain->vec_dot, .rows4 = plain->rows4, .rows8 = plain->rows8,
+                                  .tile = set->tile, .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0,
+                                  .tile_prefill = set->tile != NULL && set->tile_prefill};
     } else {
         set->tile = NULL;
         set->tile_max_rows = 0;

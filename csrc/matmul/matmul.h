@@ -27,9 +27,9 @@ typedef struct {
  *
  * X's rows go, in this order, to panels of PANEL_ROWS (where the set has panel kernels), to groups of
  * VEC_DOT_MAX_ROWS for the multi-row kernels, and one at a time (the single rows) to the prepared kernel, the
- * cols4 kernel or vec_dot. A tiled W takes every X row, two at a time, to its tile kernel, a prompt's as well (its
- * weights already in lanes beat unpacking them for panels); where the tier has no tile kernel, each of its rows is
- * rebuilt (tile_gather_row) for the plain format's vec_dot.
+ * cols4 kernel or vec_dot. A tiled W takes every X row, tile_max_rows at a time, to its tile kernel (a prompt's as
+ * well where the set says tile_prefill); otherwise (a prompt on avx2's Q4_K tiles, a tier with no tile kernel) each
+ * tile is rebuilt into plain rows (tile_gather_row) for the plain format's multi-row kernels and vec_dot.
  *
  * The weight rows of all the weights, one after another and each rounded up to whole tiles, are dealt out to the
  * threads: a decode step's in one contiguous range a thread, a prefill's in chunks to whichever thread asks next. */
@@ -37,6 +37,8 @@ typedef struct {
     const pyllm_kernel_set *ks;
     pyllm_phase phase;
     int tiled;                /* W in a tiled layout: its rows are not one after another */
+    int use_tiles;            /* a tiled W read by its tile kernel */
+    int group_type;           /* the layout the groups are prepared for: a gathered tiled W's plain type */
     int n_threads;
     const float *x;           /* (m, k) */
     int64_t m, k;
@@ -50,7 +52,7 @@ typedef struct {
     int64_t first_single;     /* then the single rows, first_single .. m - 1 */
     int64_t n_prepared;       /* of them, laid out for the prepared or tile kernel (m - first_single), or 0 */
     int64_t panel_bytes, unpacked_bytes, group_bytes, prepared_bytes;  /* each one's scratch */
-    int64_t gathered_bytes;   /* a thread's rebuilt row of a tiled W without tile kernels, or 0 */
+    int64_t gathered_bytes;   /* a thread's tile of a tiled W rebuilt into plain rows (not use_tiles), or 0 */
     int64_t chunk_rows;       /* a prefill: weight rows dealt out at a time (whole tiles) */
 } matmul_plan;
 

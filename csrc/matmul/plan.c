@@ -20,34 +20,35 @@ static int deal_rows(matmul_plan *plan, const matmul_weight *weights, int n_weig
     return PYLLM_OK;
 }
 
-/* X's rows among the shapes: panels where the set has panel kernels (not a tiled W: its tile kernel takes every
- * row); the rest in groups for the multi-row kernels, a last single row left to the single-row kernels; the rows no
- * group holds (a decode step's one row) laid out for the prepared or tile kernel where the set has one. */
+/* X's rows among the shapes: panels where the set has panel kernels (not a tiled W); a tiled W read by its tile
+ * kernel takes every row; otherwise the rest in groups for the multi-row kernels, a last single row left to the
+ * single-row kernels; the rows no group holds (a decode step's one row) laid out for the prepared or tile kernel
+ * where the set has one. */
 static void split_rows(matmul_plan *plan) {
     const pyllm_kernel_set *ks = plan->ks;
     const int64_t m = plan->m;
-    plan->n_panels = ks->panel != NULL && ks->tile == NULL ? m / PANEL_ROWS : 0;
+    plan->n_panels = ks->panel != NULL && !plan->tiled ? m / PANEL_ROWS : 0;
     const int64_t first_group_row = plan->n_panels * PANEL_ROWS, rest = m - first_group_row;
     plan->n_groups = 0;
-    if (ks->rows4 != NULL && rest > 1) {
+    if (ks->rows4 != NULL && rest > 1 && !plan->use_tiles) {
         plan->n_groups = (rest + VEC_DOT_MAX_ROWS - 1) / VEC_DOT_MAX_ROWS;
         if ((rest - 1) % VEC_DOT_MAX_ROWS == 0) plan->n_groups--;
     }
     const int64_t grouped = plan->n_groups * VEC_DOT_MAX_ROWS;
     plan->first_single = first_group_row + (grouped < rest ? grouped : rest);
-    plan->n_prepared = ks->prepared != NULL || ks->tile != NULL ? m - plan->first_single : 0;
+    plan->n_prepared = plan->use_tiles || (ks->prepared != NULL && !plan->tiled) ? m - plan->first_single : 0;
 }
 
 /* The scratch each part of the plan needs: a panel's layout, a thread's unpacked weight row, a group's layout, a
- * prepared row's layout, a thread's rebuilt row of a tiled W; and a prefill's chunks of weight rows. */
+ * prepared row's layout, a thread's rebuilt tile of a tiled W; and a prefill's chunks of weight rows. */
 static void size_scratch(matmul_plan *plan) {
     const int type = plan->ks->type;
     const int64_t k = plan->k;
     plan->panel_bytes = plan->n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
     plan->unpacked_bytes = plan->n_panels > 0 ? unpacked_row_bytes(type, k) : 0;
-    plan->group_bytes = act_rows_scratch_bytes(type, k);
+    plan->group_bytes = act_rows_scratch_bytes(plan->group_type, k);
     plan->prepared_bytes = act_row_scratch_bytes(type, k);
-    plan->gathered_bytes = plan->tiled && plan->ks->tile == NULL ? (plan->w_row_bytes + 63) / 64 * 64 : 0;
+    plan->gathered_bytes = plan->tiled && !plan->use_tiles ? (ROW_TILE * plan->w_row_bytes + 63) / 64 * 64 : 0;
     /* about 8 chunks a thread, so the threads finish together even when one is held up */
     const int64_t tiles_per_chunk = plan->n_dealt / ROW_TILE / (8 * plan->n_threads);
     plan->chunk_rows = ROW_TILE * (tiles_per_chunk > 1 ? tiles_per_chunk : 1);
@@ -62,6 +63,8 @@ int matmul_plan_make(matmul_plan *plan, const pyllm_kernel_set *ks, const matmul
     *plan = (matmul_plan){.ks = ks, .phase = pyllm_phase_of(m), .tiled = t->tile_rows > 1, .x = x, .m = m, .k = k,
                           .weights = weights, .n_weights = n_weights, .w_row_bytes = k / t->block_size * t->type_size,
                           .act_row_bytes = k / act->block_size * act->type_size};
+    plan->use_tiles = plan->tiled && ks->tile != NULL && (plan->phase == PYLLM_PHASE_DECODE || ks->tile_prefill);
+    plan->group_type = plan->tiled ? ks->plain_type : ks->type;
     const int status = deal_rows(plan, weights, n_weights, t->tile_rows);
     if (status != PYLLM_OK) return status;
     plan->n_threads = n_threads > 0 ? n_threads : pyllm_physical_cores();

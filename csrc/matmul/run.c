@@ -37,7 +37,7 @@ typedef struct {
     act_panel *panels;        /* (n_panels): X rows 0 .. n_panels * PANEL_ROWS - 1, PANEL_ROWS a panel */
     uint8_t *panel_scratch;   /* (n_panels, panel_bytes): their layouts */
     uint8_t *unpacked;        /* (n_threads, ROW_TILE, unpacked_bytes): each thread's unpacked weight rows */
-    uint8_t *gathered;        /* a prefill's (n_threads, gathered_bytes): each thread's rebuilt row */
+    uint8_t *gathered;        /* a prefill's (n_threads, gathered_bytes): each thread's rebuilt tile */
     atomic_llong next_chunk;  /* a prefill: the next chunk of weight rows */
     atomic_int out_of_memory; /* a decode thread found no scratch for its rows */
     atomic_ullong ranges[PYLLM_MAX_THREADS];  /* a decode step: each thread's tiles still to do (pyllm_range_claim) */
@@ -87,16 +87,9 @@ static void prepare_groups(const matmul_plan *plan, const x_rows *rows) {
         const int n_rows = plan->m - r0 < VEC_DOT_MAX_ROWS ? (int)(plan->m - r0) : VEC_DOT_MAX_ROWS;
         const void *act[VEC_DOT_MAX_ROWS];
         for (int i = 0; i < n_rows; ++i) act[i] = rows->act + (r0 + i) * plan->act_row_bytes;
-        act_rows_prepare(&rows->groups[gi], plan->ks->type, act, n_rows, plan->k,
+        act_rows_prepare(&rows->groups[gi], plan->group_type, act, n_rows, plan->k,
                          rows->group_scratch + gi * plan->group_bytes);
     }
-}
-
-/* Row c of W in its plain format: in place, or a tiled W's rebuilt in gathered (the thread's). */
-static const uint8_t *weight_row(const matmul_plan *plan, const matmul_weight *w, int64_t c, uint8_t *gathered) {
-    if (!plan->tiled) return (const uint8_t *)w->data + c * plan->w_row_bytes;
-    tile_gather_row(plan->ks->type, w->data, c, plan->k, gathered);
-    return gathered;
 }
 
 /* W's output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once into
@@ -144,11 +137,10 @@ static void dot_tile(const matmul_plan *plan, const x_rows *x, const matmul_weig
 }
 
 /* W's output columns [tile, tile_end) for the groups' X rows: each weight row unpacked once per group or pair of
- * groups. */
-static void dot_groups(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, int64_t tile,
-                       int64_t tile_end) {
+ * groups. Weight row c (plain) is at data + (c - first) * w_row_bytes. */
+static void dot_groups(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, const uint8_t *data,
+                       int64_t first, int64_t tile, int64_t tile_end) {
     const pyllm_kernel_set *ks = plan->ks;
-    const uint8_t *data = w->data;
     int64_t r = plan->n_panels * PANEL_ROWS;
     for (int64_t gi = 0; gi < plan->n_groups;) {
         const act_rows *group = &x->groups[gi];
@@ -157,7 +149,7 @@ static void dot_groups(const matmul_plan *plan, const x_rows *x, const matmul_we
         const int n_rows = pair ? VEC_DOT_MAX_ROWS + group[1].n_rows : group->n_rows;
         for (int64_t c = tile; c < tile_end; ++c) {
             float out[2 * VEC_DOT_MAX_ROWS];
-            kernel(plan->k, data + c * plan->w_row_bytes, group, out);
+            kernel(plan->k, data + (c - first) * plan->w_row_bytes, group, out);
             for (int i = 0; i < n_rows; ++i) w->y[(r + i) * w->n + c] = out[i];
         }
         gi += pair ? 2 : 1;
@@ -165,44 +157,54 @@ static void dot_groups(const matmul_plan *plan, const x_rows *x, const matmul_we
     }
 }
 
-/* W's output columns [tile, tile_end) for the single X rows: the prepared kernel, or cols4 then vec_dot. */
-static void dot_single_rows(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, int64_t tile,
-                            int64_t tile_end, uint8_t *gathered) {
+/* W's output columns [tile, tile_end) for the single X rows: the prepared kernel, or cols4 then vec_dot. Weight row
+ * c (plain) is at data + (c - first) * w_row_bytes. */
+static void dot_single_rows(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, const uint8_t *data,
+                            int64_t first, int64_t tile, int64_t tile_end) {
     const pyllm_kernel_set *ks = plan->ks;
-    const uint8_t *data = w->data;
     for (int64_t r = plan->first_single; r < plan->m; ++r) {
         float *y = w->y + r * w->n;
         if (x->prepared != NULL) {
             const act_rows *row = &x->prepared[r - plan->first_single];
-            for (int64_t c = tile; c < tile_end; ++c) y[c] = ks->prepared(plan->k, data + c * plan->w_row_bytes, row);
+            for (int64_t c = tile; c < tile_end; ++c) {
+                y[c] = ks->prepared(plan->k, data + (c - first) * plan->w_row_bytes, row);
+            }
             continue;
         }
         const uint8_t *act = x->act + r * plan->act_row_bytes;
         int64_t c = tile;
         if (ks->cols4 != NULL) {
             for (; c + VEC_DOT_COLS <= tile_end; c += VEC_DOT_COLS) {
-                ks->cols4(plan->k, data + c * plan->w_row_bytes, plan->w_row_bytes, act, y + c);
+                ks->cols4(plan->k, data + (c - first) * plan->w_row_bytes, plan->w_row_bytes, act, y + c);
             }
         }
-        for (; c < tile_end; ++c) y[c] = ks->vec_dot(plan->k, weight_row(plan, w, c, gathered), act);
+        for (; c < tile_end; ++c) y[c] = ks->vec_dot(plan->k, data + (c - first) * plan->w_row_bytes, act);
     }
 }
 
 /* W's output columns [begin, end) for every X row, a tile of ROW_TILE weight rows at a time; unpacked and gathered:
- * the thread's scratch for dot_panels and weight_row. */
+ * the thread's scratch for dot_panels and a tiled W's tile rebuilt into plain rows. */
 static void dot_weight(const matmul_run_state *run, const x_rows *x, const matmul_weight *w, int64_t begin,
                        int64_t end, uint8_t *unpacked, uint8_t *gathered) {
     const matmul_plan *plan = run->plan;
-    const int tiles = plan->ks->tile != NULL, panels = plan->n_panels > 0, groups = plan->n_groups > 0;
+    const int panels = plan->n_panels > 0, groups = plan->n_groups > 0;
     for (int64_t tile = begin; tile < end; tile += ROW_TILE) {
         const int64_t tile_end = tile + ROW_TILE < end ? tile + ROW_TILE : end;
-        if (tiles) {
+        if (plan->use_tiles) {
             dot_tile(plan, x, w, tile);
             continue;
         }
+        const uint8_t *data = w->data;
+        int64_t first = 0;
+        if (plan->tiled) {  /* a whole tile (tiled rows are a multiple of it), rebuilt once for every X row */
+            for (int64_t c = tile; c < tile_end; ++c) {
+                tile_gather_row(plan->ks->type, w->data, c, plan->k, gathered + (c - tile) * plan->w_row_bytes);
+            }
+            data = gathered, first = tile;
+        }
         if (panels) dot_panels(run, w, tile, tile_end, unpacked);
-        if (groups) dot_groups(plan, x, w, tile, tile_end);
-        dot_single_rows(plan, x, w, tile, tile_end, gathered);
+        if (groups) dot_groups(plan, x, w, data, first, tile, tile_end);
+        dot_single_rows(plan, x, w, data, first, tile, tile_end);
     }
 }
 

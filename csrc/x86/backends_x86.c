@@ -53,6 +53,7 @@ static void fill_avx2(int type, pyllm_kernel_set *set) {
     take_family(set, type, &family_avx2);
     set->tile = tile_kernel_table_avx2[type];
     set->tile_max_rows = 4;
+    set->tile_prefill = 0;  /* a prompt gathers each tile back for the 8-row kernels (bench/README.md) */
 }
 
 /* Its own vec_dot of a type drops avx2's single-row variants (prepared, cols4: avx2's vec_dot in another shape);
@@ -71,6 +72,7 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
     set->panel = panel_kernel_table_avx512_vnni[type];
     set->tile = tile_kernel_table_avx512_vnni[type];
     set->tile_max_rows = 2;
+    set->tile_prefill = 1;  /* the weights already in lanes beat unpacking them for panels (bench/README.md) */
 }
 
 const pyllm_backend backend_avx2 = {
