@@ -43,7 +43,7 @@ from .serve.engine import FINISHED, Engine, Request, Step
 from .state import LlamaState, model_identity
 from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .text.tokenizer import StreamDecoder, Tokenizer
-from .tools import history_for_template, instructions, parse_tool_calls, setup_tools
+from .tools import TOOL_CALL_OPEN, history_for_template, instructions, parse_tool_calls, setup_tools
 
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
@@ -947,7 +947,7 @@ class Llama:
         response_format: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
         {"schema": {...}}}, or {"type": "text"}; grammar: GBNF text or a LlamaGrammar. Give one or neither.
         tools, tool_choice: OpenAI's (see pyllm.tools); calls come back as message.tool_calls with finish_reason
-        "tool_calls". Not with stream yet.
+        "tool_calls", streamed too (the call's text held back and sent whole as delta.tool_calls).
         n: choices (1..16), as create_completion's. logprobs=True (top_logprobs: 0..20 alternatives) fills each
         choice's logprobs.content in OpenAI's shape.
         """
@@ -958,8 +958,6 @@ class Llama:
                 raise ParamError("a required or named tool_choice constrains the output already: give no "
                                  "response_format or grammar with it", "tool_choice")
             constraint = setup.grammar
-        if setup is not None and check.boolean("stream", stream):
-            raise ParamError("stream: streaming with tools is not supported yet", "stream")
         renders_tools = self.template_renders_tools()
         messages = history_for_template(messages, renders_tools)
         if setup is not None and not renders_tools:            # the tools go in as a system message of ours
@@ -980,7 +978,7 @@ class Llama:
                                 echo=False, model=model, context_shift=context_shift,
                                 grammar=constraint, n=n, chat=True)
         if isinstance(result, CompletionStream):
-            return self._chat_stream(result)
+            return self._chat_stream(result, setup.names if setup is not None else None)
         assert isinstance(result, dict)
         choices = []
         for choice in result["choices"]:
@@ -1008,11 +1006,28 @@ class Llama:
         return self.tokenize(check.utf8("messages", prompt), add_bos=not has_bos, special=True)
 
     @staticmethod
-    def _chat_stream(completion: CompletionStream) -> CompletionStream:
+    def _chat_stream(completion: CompletionStream, tool_names: frozenset[str] | None = None) -> CompletionStream:
         """The completion's stream with its chunks as chat chunks, each choice's first saying the assistant's
-        role."""
+        role. With tools (tool_names), text from a `<tool_call>` on is held back until the choice ends, then sent
+        as delta.tool_calls (finish_reason "tool_calls"), or as text if it was no call of a known function."""
         def chat_lane(lane: _Lane) -> _Lane:
             first = [True]
+            held = [""]  # a tool call's text so far, or a tail that may begin one
+
+            def content_of(text: str, finish: str | None) -> tuple[str, str | None, list[dict[str, Any]]]:
+                if tool_names is None:
+                    return text, finish, []
+                held[0] += text
+                if finish is None:
+                    start = held[0].find(TOOL_CALL_OPEN)
+                    keep = start if start >= 0 else len(held[0]) - _stop_prefix_suffix(held[0], [TOOL_CALL_OPEN])
+                    sent, held[0] = held[0][:keep], held[0][keep:]
+                    return sent, None, []
+                rest, held[0] = held[0], ""
+                content, calls = parse_tool_calls(rest, tool_names)
+                if not calls:
+                    return rest, finish, []
+                return content or "", "tool_calls", [{"index": i, **call} for i, call in enumerate(calls)]
 
             def chunks(piece: Piece) -> list[dict[str, Any]]:
                 out = []
@@ -1024,10 +1039,12 @@ class Llama:
                         out.append({**base, "choices": [{"index": choice["index"], "delta": {"role": "assistant"},
                                                          "logprobs": None, "finish_reason": None}]})
                         first[0] = False
-                    delta = {"content": choice["text"]} if choice["text"] else {}
+                    text, finish, calls = content_of(choice["text"], choice["finish_reason"])
+                    delta: dict[str, Any] = {"content": text} if text else {}
+                    if calls:
+                        delta["tool_calls"] = calls
                     out.append({**base, "choices": [{"index": choice["index"], "delta": delta,
-                                                     "logprobs": choice["logprobs"],
-                                                     "finish_reason": choice["finish_reason"]}]})
+                                                     "logprobs": choice["logprobs"], "finish_reason": finish}]})
                 return out
             return _Lane(lane.request, lane.text, chunks)
 

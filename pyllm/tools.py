@@ -29,6 +29,7 @@ from .params import ParamError, ParamTypeError
 __all__ = ["ToolSetup", "history_for_template", "instructions", "parse_tool_calls", "setup_tools"]
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+TOOL_CALL_OPEN = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 

@@ -264,10 +264,20 @@ def test_tool_calls_through_the_openai_client(quick_client: openai.OpenAI, quick
                                            temperature=0, max_tokens=8)
     assert isinstance(final.choices[0].message.content, str) and not final.choices[0].message.tool_calls
 
+    # streamed: the same call, sent whole in one delta.tool_calls, finish_reason "tool_calls", no text
+    stream = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, ADD],
+                                            tool_choice="required", temperature=0.8, seed=2, max_tokens=64,
+                                            stream=True)
+    deltas = [(c.choices[0].delta, c.choices[0].finish_reason) for c in stream if c.choices]
+    streamed_calls = [tc for delta, _ in deltas for tc in (delta.tool_calls or [])]
+    assert [tc.function.name for tc in streamed_calls] == [call.function.name]
+    assert [tc.function.arguments for tc in streamed_calls] == [call.function.arguments]
+    assert streamed_calls[0].index == 0 and streamed_calls[0].id.startswith("call_")
+    assert deltas[-1][1] == "tool_calls" and not "".join(d.content or "" for d, _ in deltas).strip()
+
     for body, param in [({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
                          "tool_choice"),
                         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
-                        ({"tools": [WEATHER], "tool_choice": "required", "stream": True}, "stream"),
                         ({"tool_choice": "required"}, "tool_choice")]:
         response = _post(server, "/v1/chat/completions", {"messages": messages, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
