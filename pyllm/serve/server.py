@@ -219,14 +219,23 @@ def parse(raw: bytes, model: type[_Body]) -> _Body:
 # ---- the gate: what every request passes before the app ---------------------------------------------------
 
 
+def _host_name(host: str) -> str:
+    """The name of a `host[:port]` or `[ipv6][:port]`, lower case, without a trailing dot."""
+    name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
+    return name.lower().rstrip(".")
+
+
+def _names_this_machine(name: str, allowed: frozenset[str]) -> bool:
+    return name in allowed or name == "localhost" or name.endswith(".localhost")
+
+
 def _host_allowed(host: str, allowed: frozenset[str]) -> bool:
     """Whether a Host header (or an Origin's host) names this machine: an IP literal, localhost, or an allowed
     name. A name that resolves here only through someone's DNS is what a rebinding attack uses."""
     if "*" in allowed:
         return True
-    name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
-    name = name.lower().rstrip(".")
-    if name in allowed or name == "localhost" or name.endswith(".localhost"):
+    name = _host_name(host)
+    if _names_this_machine(name, allowed):
         return True
     try:
         ipaddress.ip_address(name)
@@ -241,9 +250,8 @@ def _origin_allowed(origin: str, host: str, allowed: frozenset[str]) -> bool:
     origin_host = origin.split("://", 1)[-1]
     if origin_host == host or "*" in allowed:
         return True
-    name = origin_host.rsplit("]", 1)[0].lstrip("[") if origin_host.startswith("[") else origin_host.rsplit(":", 1)[0]
-    name = name.lower().rstrip(".")
-    if name in allowed or name == "localhost" or name.endswith(".localhost"):
+    name = _host_name(origin_host)
+    if _names_this_machine(name, allowed):
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
