@@ -380,9 +380,11 @@ def render_chat_bounded(
 
 RENDER_SECONDS = 3.0      # a real template renders in about a millisecond
 RENDER_MEMORY = 1 << 30   # the worker's address space
+WORKER_START_SECONDS = 60.0  # a new worker's interpreter and imports, on a busy machine
 RENDER_MAX_CHARS = 1 << 26
 
 _HEADER = struct.Struct("<BQ")  # reply: status (0 text, 1 error), payload bytes
+_READY = b"R"  # a worker's first byte: started, its limits set
 
 
 class _Renderer:
@@ -402,6 +404,14 @@ class _Renderer:
             code = "import sys; sys.path.insert(0, sys.argv[1]); import chat_template; chat_template._serve()"
             proc = subprocess.Popen([sys.executable, "-c", code, here], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+            # its start (an interpreter, jinja's import) is not the template's time: RENDER_SECONDS begins after it
+            try:
+                ready = self._read(proc, 1, time.monotonic() + WORKER_START_SECONDS)
+            except ChatTemplateError:
+                ready = b""
+            if ready != _READY:
+                self._stop(proc)
+                raise ChatTemplateError("the chat template renderer did not start")
             self._proc, self._pid = proc, os.getpid()
         return proc
 
@@ -470,6 +480,8 @@ def _serve() -> None:
     """The worker's loop (see _Renderer): limited to RENDER_MEMORY of address space, each reply capped."""
     resource.setrlimit(resource.RLIMIT_AS, (RENDER_MEMORY, RENDER_MEMORY))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(_READY)
+    stdout.flush()
     while True:
         size_bytes = stdin.read(8)
         if len(size_bytes) < 8:
