@@ -188,14 +188,25 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n);
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads);
-/* One sequence's part of a batched attention: its m queries and its cache (as pyllm_attention takes them). */
+/* One sequence's part of a batched attention: its m queries and its cache (as pyllm_attention takes them, but
+ * keys and values rows of type k_type / v_type: PYLLM_TYPE_F16 both, or a quantized cache, see
+ * pyllm_kv_type_valid; a row holds n_head_kv * d elements). A quantized cache has its own arithmetic, the same
+ * in every tier and for every batching: each score is the key type's vec_dot of the key and the query in that
+ * type's activation format (llama.cpp's for a quantized cache), the softmax as above, and the weighted sum of
+ * the values dequantized to float, one element a chain of multiply-then-add in slot order (a zero weight
+ * skipped). */
 typedef struct {
     const float *q;
-    const uint16_t *k, *v;
+    const void *k, *v;
     const int32_t *qpos, *kpos;
     int64_t m, n_kv;
     float *out;
+    int k_type, v_type;
 } pyllm_attention_call;
+
+/* Whether a cache of this type can hold keys or values of heads of d elements: F16, or Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1 with d a multiple of their 32-element blocks (as llama.cpp's --cache-type-k/v). */
+int pyllm_kv_type_valid(int type, int64_t d);
 
 /* pyllm_attention for several sequences at once (one task over all their rows and heads); each call's
  * output is the bits pyllm_attention gives it alone. */
@@ -203,17 +214,21 @@ int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_
                           int64_t d, float scale, int32_t window, float softcap, int n_threads);
 
 /* One layer of a sequence's KV cache (ops/kvcache.c): slot s holds the key and value of the token at
- * positions[s] (-1: empty) in IEEE half bits. A ring (sliding-window layer) keeps position p in
- * slot p % capacity, a full layer in slot p. The arrays belong to the caller. */
+ * positions[s] (-1: empty), a row of k_row (v_row) elements of type k_type (v_type): IEEE half bits, as
+ * llama.cpp keeps them, or blocks of a quantized type (pyllm_kv_type_valid). A ring (sliding-window layer)
+ * keeps position p in slot p % capacity, a full layer in slot p. The arrays belong to the caller. */
 typedef struct {
-    uint16_t *k;          /* (capacity, k_row) */
-    uint16_t *v;          /* (capacity, v_row) */
+    void *k;              /* (capacity, k_row elements) */
+    void *v;              /* (capacity, v_row elements) */
     int32_t *positions;   /* (capacity,) */
     int64_t capacity, k_row, v_row;
     int ring;
+    int k_type, v_type;
 } pyllm_kv_layer;
 
-/* Write m tokens' keys k[m, k_row] and values v[m, v_row] (rounded to half precision) at positions pos[m]. */
+/* Write m tokens' keys k[m, k_row] and values v[m, v_row] at positions pos[m], converted to the cache's types
+ * (rounded to half precision; quantized as llama.cpp quantizes a cache row). PYLLM_ERR_TYPE: a type the cache
+ * cannot have. */
 int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float *k, const float *v, int64_t m);
 
 /* Context shift: drop the tokens at positions [n_keep, n_keep + n_discard), move the later ones down by

@@ -13,6 +13,7 @@ import click
 from . import catalogue
 from .chat import BASE_MODEL_MAX_TOKENS
 from .gguf import GGUFError, GGUFFile
+from .kvcache import CACHE_TYPES
 from .strings import StringArray
 
 
@@ -115,6 +116,16 @@ def _sampling_options(max_tokens_default: int | None, max_tokens_help: str):
     return decorate
 
 
+def _cache_type_options(fn):
+    """-ctk / -ctv: the KV cache's key and value types, as llama.cpp's flags."""
+    for flag, short, what in (("--cache-type-k", "-ctk", "keys"), ("--cache-type-v", "-ctv", "values")):
+        fn = click.option(short, flag, type=click.Choice(list(CACHE_TYPES), case_sensitive=False), default="f16",
+                          show_default=True,
+                          help=f"Type of the KV cache's {what}: q8_0 halves its memory, q4_0 takes about a "
+                               "quarter, at some cost in accuracy.")(fn)
+    return fn
+
+
 def _resolve(model: str) -> Path:
     """A model argument's file, pulled first if it is a catalogue name not in the store yet."""
     try:
@@ -125,11 +136,12 @@ def _resolve(model: str) -> Path:
         raise click.ClickException(f"interrupted; `pyllm pull {model}` resumes the download") from None
 
 
-def _load(model: str, n_ctx: int, threads: int | None, seed: int | None):
+def _load(model: str, n_ctx: int, threads: int | None, seed: int | None, cache_type_k: str = "f16",
+          cache_type_v: str = "f16"):
     from .llama import Llama
     path = _resolve(model)
     try:
-        return Llama(str(path), n_ctx=n_ctx, n_threads=threads, seed=seed)
+        return Llama(str(path), n_ctx=n_ctx, n_threads=threads, seed=seed, type_k=cache_type_k, type_v=cache_type_v)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -147,9 +159,10 @@ def _display_name(model: str, llm) -> str:
               help="Print the whole response as JSON (the Python API's completion or chat completion, with usage) "
                    "instead of streaming the text.")
 @_sampling_options(RUN_MAX_TOKENS, "Most tokens to generate; generation also stops at the end of the model's turn.")
+@_cache_type_options
 def run(model: str, prompt: str, chat: bool, system: str | None, as_json: bool, temperature: float, top_k: int,
         top_p: float, min_p: float, repeat_penalty: float, seed: int | None, max_tokens: int, n_ctx: int,
-        threads: int | None) -> None:
+        threads: int | None, cache_type_k: str, cache_type_v: str) -> None:
     """Complete PROMPT with MODEL and stream the text to stdout (PROMPT '-': read it from stdin).
 
     With --chat (or --system), PROMPT is a question for a chat model, as `pyllm chat` would send it;
@@ -161,7 +174,7 @@ def run(model: str, prompt: str, chat: bool, system: str | None, as_json: bool, 
         prompt = click.get_text_stream("stdin").read()
         if prompt.endswith("\n"):  # as a file's last line ends
             prompt = prompt[:-1]
-    llm = _load(model, n_ctx, threads, seed)
+    llm = _load(model, n_ctx, threads, seed, cache_type_k, cache_type_v)
     chat = chat or system is not None
     if chat and not has_chat_template(llm):
         click.echo(f"warning: {_display_name(model, llm)} has no chat template (a base model): PROMPT is completed "
@@ -195,9 +208,10 @@ def run(model: str, prompt: str, chat: bool, system: str | None, as_json: bool, 
                    "token, decode tok/s, time per output token, KV cache tokens used.")
 @_sampling_options(None, "Most tokens per reply (default: until the model ends its turn, at most the context; "
                          f"{BASE_MODEL_MAX_TOKENS} for a model without a chat template).")
+@_cache_type_options
 def chat(model: str, system: str | None, stats: bool, temperature: float, top_k: int, top_p: float,
          min_p: float, repeat_penalty: float, seed: int | None, max_tokens: int | None, n_ctx: int,
-         threads: int | None) -> None:
+         threads: int | None, cache_type_k: str, cache_type_v: str) -> None:
     """Talk with MODEL (default: the catalogue's default chat model).
 
     Replies stream as they are generated; earlier turns stay in the KV cache. Commands: /help,
@@ -208,7 +222,7 @@ def chat(model: str, system: str | None, stats: bool, temperature: float, top_k:
     """
     from .chat import ChatSession, Settings, terminal_reader
 
-    llm = _load(model, n_ctx, threads, seed)
+    llm = _load(model, n_ctx, threads, seed, cache_type_k, cache_type_v)
     settings = Settings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens)
     session = ChatSession(llm, settings, system=system, stats=stats, out=click.echo,
@@ -246,9 +260,10 @@ def chat(model: str, system: str | None, stats: bool, temperature: float, top_k:
               show_default=True, help="info: one line per request (status, tokens, time to first token, total).")
 @click.option("-t", "--threads", type=click.IntRange(min=1, max=256), default=None,
               help="Threads (default: all physical cores).")
+@_cache_type_options
 def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx: int, prefill_chunk: int,
           cache_ram: int, cache_dir: str | None, api_key: str | None, alias: str | None, max_body: int,
-          allowed_hosts: str, log_level: str, threads: int | None) -> None:
+          allowed_hosts: str, log_level: str, threads: int | None, cache_type_k: str, cache_type_v: str) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (default: the catalogue's default chat model).
 
     Endpoints: POST /v1/completions, /v1/chat/completions (stream: true for server-sent events),
@@ -274,7 +289,8 @@ def serve(model: str, host: str, port: int, parallel: int, max_queue: int, n_ctx
     logging.getLogger("pyllm").setLevel(log_level.upper())
     try:
         llm = Llama(str(catalogue.resolve(model)), n_ctx=n_ctx, n_threads=threads, n_parallel=parallel,
-                    max_queued=max_queue, prefill_chunk=prefill_chunk, cache_bytes=cache_ram << 20)
+                    max_queued=max_queue, prefill_chunk=prefill_chunk, cache_bytes=cache_ram << 20,
+                    type_k=cache_type_k, type_v=cache_type_v)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         listener.close()
         raise click.ClickException(str(exc)) from exc
@@ -342,7 +358,9 @@ def tokenize(model: str, text: str, no_bos: bool, special: bool, as_json: bool) 
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
               help="Threads (default: all physical cores).")
 @click.option("--json", "as_json", is_flag=True, help='Print only {"ppl", "n_chunks", "n_ctx"} as JSON.')
-def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_json: bool) -> None:
+@_cache_type_options
+def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_json: bool, cache_type_k: str,
+               cache_type_v: str) -> None:
     """MODEL's perplexity on a text file, as llama.cpp's llama-perplexity computes it.
 
     The text is cut into chunks of --ctx-size tokens, each evaluated from an empty context (starting
@@ -358,7 +376,7 @@ def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_
         raise click.ClickException(f"cannot read {text_file}: {exc}") from exc
     if text.endswith("\n"):  # as llama.cpp's -f does
         text = text[:-1]
-    llm = _load(model, n_ctx, threads, None)
+    llm = _load(model, n_ctx, threads, None, cache_type_k, cache_type_v)
     bar = _progress_bar(not as_json, desc="perplexity", unit="chunk")
 
     def progress(i: int, n_chunks: int, running: float) -> None:

@@ -388,25 +388,42 @@ def gated_activation(gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, k_positions: np.ndarray,
-              scale: float, window: int = 0, softcap: float = 0.0, n_threads: int | None = None) -> np.ndarray:
-    """Causal attention: q (m, n_head, d) float32 over k, v (n_kv, n_head_kv, d) float16 -> (m, n_head, d).
+              scale: float, window: int = 0, softcap: float = 0.0, n_threads: int | None = None,
+              type_k: int = GGMLType.F16, type_v: int = GGMLType.F16) -> np.ndarray:
+    """Causal attention: q (m, n_head, d) float32 over k, v (n_kv, n_head_kv, d) float16 -> (m, n_head, d); or, for
+    a quantized cache (type_k / type_v another cache type), k or v (n_kv, row bytes) uint8 blocks of that type.
 
     Key t is visible to query r when k_positions[t] <= q_positions[r] (and within the sliding window).
     """
     _f32(q, "q")
-    for name, a in (("k", k), ("v", v)):
-        if a.dtype != np.float16 or not a.flags.c_contiguous:
-            raise KernelError(f"{name} must be a contiguous float16 array (the KV cache's type)")
     m, n_head, d = q.shape
-    n_kv, n_head_kv, _ = k.shape
-    if k.shape != v.shape or k.shape[2] != d:
+    n_kv = len(k)
+    shapes = []
+    for name, a, t in (("k", k, type_k), ("v", v, type_v)):
+        if not a.flags.c_contiguous:
+            raise KernelError(f"{name} must be contiguous")
+        if t == GGMLType.F16:
+            if a.dtype != np.float16 or a.ndim != 3 or a.shape[2] != d:
+                raise KernelError(f"{name} must be a float16 array (n_kv, n_head_kv, {d}) for an f16 cache")
+            shapes.append(a.shape[1])
+        else:
+            if not lib.pyllm_kv_type_valid(int(t), d):
+                raise KernelError(f"a {type_name(t)} cache cannot hold heads of {d} elements")
+            if a.dtype != np.uint8 or a.ndim != 2 or a.shape[1] % row_bytes(t, d):
+                raise KernelError(f"{name} must be uint8 rows of {type_name(t)} blocks, whole heads of {d}")
+            shapes.append(a.shape[1] // row_bytes(t, d))
+    n_head_kv = shapes[0]
+    if len(v) != n_kv or shapes[1] != n_head_kv:
         raise KernelError(f"attention shapes: q {q.shape}, k {k.shape}, v {v.shape}")
     qpos = np.ascontiguousarray(q_positions, dtype=np.int32)
     kpos = np.ascontiguousarray(k_positions, dtype=np.int32)
+    if len(qpos) != m or len(kpos) != n_kv:
+        raise KernelError(f"attention: {len(qpos)} query and {len(kpos)} key positions for {m} queries, {n_kv} keys")
     out = np.empty_like(q)
-    _check(lib.pyllm_attention(_fptr(q), ffi.from_buffer("uint16_t[]", k), ffi.from_buffer("uint16_t[]", v),
-                               ffi.from_buffer("int32_t[]", qpos),
-                               ffi.from_buffer("int32_t[]", kpos), m, n_kv, n_head, n_head_kv, d, float(scale),
-                               int(window), float(softcap), _fptr(out), 0 if n_threads is None else n_threads),
-           "attention")
+    call = ffi.new("pyllm_attention_call *", {
+        "q": _fptr(q), "k": ffi.from_buffer(k), "v": ffi.from_buffer(v), "qpos": ffi.from_buffer("int32_t[]", qpos),
+        "kpos": ffi.from_buffer("int32_t[]", kpos), "m": m, "n_kv": n_kv, "out": _fptr(out),
+        "k_type": int(type_k), "v_type": int(type_v)})
+    _check(lib.pyllm_attention_batch(call, 1, n_head, n_head_kv, d, float(scale), int(window), float(softcap),
+                                     0 if n_threads is None else n_threads), "attention")
     return out

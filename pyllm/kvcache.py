@@ -1,5 +1,6 @@
-"""One sequence's KV cache: half-precision keys and values per layer, kept by the C core
-(csrc/kvcache.c) in arrays this class owns.
+"""One sequence's KV cache: keys and values per layer in half precision (llama.cpp's default) or a
+quantized type (`CACHE_TYPES`, llama.cpp's --cache-type-k/-v), kept by the C core (csrc/ops/kvcache.c)
+in arrays this class owns.
 
 Full-attention layers keep every cached token in order: slot i holds the i-th
 token. Sliding-window layers keep a ring of `window + max_batch` slots, the
@@ -23,21 +24,59 @@ import numpy as np
 
 from ._pyllm_c import ffi, lib
 from .arch import Config
-from .kernels import _check
+from .kernels import GGMLType, _check, row_bytes
+
+# The types a cache may keep its keys or values in (llama.cpp's --cache-type-k/-v names), f16 the default.
+CACHE_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1,
+               "q5_0": GGMLType.Q5_0, "q5_1": GGMLType.Q5_1}
+
+
+def cache_type(value: str | int | None, what: str = "cache type") -> GGMLType:
+    """A cache type from its name ("q8_0") or ggml type id (llama-cpp-python's type_k/type_v); None: f16."""
+    if value is None:
+        return GGMLType.F16
+    if isinstance(value, str):
+        if value.lower() in CACHE_TYPES:
+            return CACHE_TYPES[value.lower()]
+    elif isinstance(value, int) and not isinstance(value, bool) and value in CACHE_TYPES.values():
+        return GGMLType(value)
+    raise ValueError(f"{what} {value!r} is not one of {', '.join(CACHE_TYPES)}")
+
+
+def check_cache_types(cfg: Config, type_k: GGMLType, type_v: GGMLType) -> None:
+    """ValueError unless the model's heads fit the types' blocks (as llama.cpp requires)."""
+    for name, t, d in (("keys", type_k, cfg.head_dim), ("values", type_v, cfg.head_dim_v)):
+        if not lib.pyllm_kv_type_valid(int(t), d):
+            raise ValueError(f"a {t.name.lower()} cache cannot hold this model's {name}: heads of {d} elements "
+                             "are not whole blocks of 32")
+
+
+def _rows(capacity: int, n_heads: int, d: int, type_id: GGMLType) -> np.ndarray:
+    """A layer's empty keys or values: (capacity, n_heads, d) float16, or (capacity, row bytes) uint8 blocks."""
+    if type_id == GGMLType.F16:
+        return np.zeros((capacity, n_heads, d), np.float16)
+    return np.zeros((capacity, row_bytes(type_id, n_heads * d)), np.uint8)
 
 
 @dataclass
 class LayerCache:
-    k: np.ndarray           # (capacity, n_head_kv, head_dim) float16
-    v: np.ndarray           # (capacity, n_head_kv, head_dim_v) float16
+    k: np.ndarray           # (capacity, n_head_kv, head_dim) float16, or (capacity, row bytes) of type_k's blocks
+    v: np.ndarray           # (capacity, n_head_kv, head_dim_v) float16, or (capacity, row bytes) of type_v's
     positions: np.ndarray   # (capacity,) int32, -1 for an empty slot
     ring: bool              # slot = position % capacity (sliding-window layer)
+    type_k: GGMLType = GGMLType.F16
+    type_v: GGMLType = GGMLType.F16
+    k_row: int = 0          # elements of a slot's keys (n_head_kv * head_dim); 0: k[0].size (f16)
+    v_row: int = 0
 
     def __post_init__(self) -> None:
+        self.k_row = self.k_row or self.k[0].size
+        self.v_row = self.v_row or self.v[0].size
         self.c = ffi.new("pyllm_kv_layer *", {
-            "k": ffi.from_buffer("uint16_t[]", self.k), "v": ffi.from_buffer("uint16_t[]", self.v),
+            "k": ffi.from_buffer(self.k), "v": ffi.from_buffer(self.v),
             "positions": ffi.from_buffer("int32_t[]", self.positions), "capacity": len(self.positions),
-            "k_row": self.k[0].size, "v_row": self.v[0].size, "ring": int(self.ring)})
+            "k_row": self.k_row, "v_row": self.v_row, "ring": int(self.ring),
+            "k_type": int(self.type_k), "v_type": int(self.type_v)})
 
     @property
     def capacity(self) -> int:
@@ -52,24 +91,30 @@ def _layer_capacity(cfg: Config, i: int, n_ctx: int, max_batch: int) -> tuple[in
 
 class KVCache:
     @staticmethod
-    def bytes_needed(cfg: Config, n_ctx: int, max_batch: int) -> int:
+    def bytes_needed(cfg: Config, n_ctx: int, max_batch: int, type_k: GGMLType = GGMLType.F16,
+                     type_v: GGMLType = GGMLType.F16) -> int:
         """The bytes a cache of this shape holds once full (what KVCache allocates)."""
-        slot = 2 * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) + 4  # half-precision k and v, an int32 position
+        slot = (row_bytes(type_k, cfg.n_head_kv * cfg.head_dim) + row_bytes(type_v, cfg.n_head_kv * cfg.head_dim_v)
+                + 4)  # keys, values, an int32 position
         return sum(_layer_capacity(cfg, i, n_ctx, max_batch)[0] for i in range(cfg.n_layer)) * slot
 
-    def __init__(self, cfg: Config, n_ctx: int, max_batch: int) -> None:
+    def __init__(self, cfg: Config, n_ctx: int, max_batch: int, type_k: GGMLType = GGMLType.F16,
+                 type_v: GGMLType = GGMLType.F16) -> None:
+        check_cache_types(cfg, type_k, type_v)
         self.config = cfg
         self.n_ctx = n_ctx
         self.max_batch = max_batch
+        self.type_k, self.type_v = GGMLType(type_k), GGMLType(type_v)
         self.n_used = 0  # tokens in the sequence; the next token's position
         self.layers: list[LayerCache] = []
         for i in range(cfg.n_layer):
             capacity, ring = _layer_capacity(cfg, i, n_ctx, max_batch)
             self.layers.append(LayerCache(
-                k=np.zeros((capacity, cfg.n_head_kv, cfg.head_dim), np.float16),
-                v=np.zeros((capacity, cfg.n_head_kv, cfg.head_dim_v), np.float16),
+                k=_rows(capacity, cfg.n_head_kv, cfg.head_dim, self.type_k),
+                v=_rows(capacity, cfg.n_head_kv, cfg.head_dim_v, self.type_v),
                 positions=np.full(capacity, -1, np.int32),
-                ring=ring,
+                ring=ring, type_k=self.type_k, type_v=self.type_v,
+                k_row=cfg.n_head_kv * cfg.head_dim, v_row=cfg.n_head_kv * cfg.head_dim_v,
             ))
         self.c_layers = ffi.new("pyllm_kv_layer *[]", [layer.c for layer in self.layers])  # for pyllm_blocks_forward
 
@@ -84,8 +129,9 @@ class KVCache:
     def copy_prefix(self, n_tokens: int, into: KVCache | None = None) -> KVCache:
         """A cache holding this one's first n_tokens (fewer, possibly 0, where a ring has moved on): `into` (one of
         the same shape, whatever it held) or a new one."""
-        copy = into if into is not None else KVCache(self.config, self.n_ctx, self.max_batch)
-        if (copy.n_ctx, copy.max_batch, len(copy.layers)) != (self.n_ctx, self.max_batch, len(self.layers)):
+        copy = into if into is not None else KVCache(self.config, self.n_ctx, self.max_batch, self.type_k, self.type_v)
+        if ((copy.n_ctx, copy.max_batch, len(copy.layers), copy.type_k, copy.type_v)
+                != (self.n_ctx, self.max_batch, len(self.layers), self.type_k, self.type_v)):
             raise ValueError("copy_prefix: the target cache has another shape")
         n_tokens = min(n_tokens, self.n_used)
         for mine, theirs in zip(self.layers, copy.layers, strict=True):
@@ -103,7 +149,7 @@ class KVCache:
         pos = np.ascontiguousarray(positions, dtype=np.int32)
         k = np.ascontiguousarray(k, dtype=np.float32)
         v = np.ascontiguousarray(v, dtype=np.float32)
-        if k.size != len(pos) * layer.k[0].size or v.size != len(pos) * layer.v[0].size:
+        if k.size != len(pos) * layer.k_row or v.size != len(pos) * layer.v_row:
             raise ValueError(f"store: {len(pos)} positions for keys {k.shape} and values {v.shape}")
         _check(lib.pyllm_kv_store(layer.c, ffi.from_buffer("int32_t[]", pos), ffi.from_buffer("float[]", k),
                                   ffi.from_buffer("float[]", v), len(pos)), "KV cache store")

@@ -33,7 +33,7 @@ from .arch import context_length
 from .embeddings import Pooling, declared_pooling, pool
 from .gguf import GGUFFile
 from .grammar import GrammarMatcher, LlamaGrammar, VocabIndex
-from .kvcache import KVCache
+from .kvcache import KVCache, cache_type
 from .logprobs import LogprobTrack, chat_shape, completion_shape
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Logits, Model
@@ -201,7 +201,6 @@ MAX_PARALLEL = 1024
 MAX_CHOICES = 16       # n: choices of one prompt (OpenAI allows 128; each takes a sequence slot and a KV cache)
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on chat's top_logprobs
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "no seed": a fresh one each time (as -1)
-GGML_TYPE_F16 = 1  # type_k / type_v: the KV cache's one type
 # llama.cpp's pooling numbers (LLAMA_POOLING_TYPE_*) for the ones pyllm has; -1 is "the file's"
 _POOLING_NUMBERS = {1: "mean", 2: "cls", 3: "last"}
 # chat_format names and what their prompts hold: a name is honoured where the file's template writes that format
@@ -246,8 +245,8 @@ class Llama:
                  n_threads_batch: int | None = None, logits_all: bool = False, chat_format: str | None = None,
                  use_mmap: bool = True, use_mlock: bool = False, rope_freq_base: float = 0.0,
                  rope_freq_scale: float = 0.0, flash_attn: bool = False, last_n_tokens_size: int = 64,
-                 numa: bool | int = False, offload_kqv: bool = True, type_k: int | None = None,
-                 type_v: int | None = None, main_gpu: int = 0, tensor_split: Sequence[float] | None = None,
+                 numa: bool | int = False, offload_kqv: bool = True, type_k: int | str | None = None,
+                 type_v: int | str | None = None, main_gpu: int = 0, tensor_split: Sequence[float] | None = None,
                  kv_overrides: dict[str, Any] | None = None, lora_path: str | None = None,
                  chat_handler: Any = None, draft_model: Any = None) -> None:
         """Load a model: a GGUF path, or a catalogue name (pulled first if needed); None: the default model.
@@ -265,7 +264,8 @@ class Llama:
         the format the file's template writes ("chatml", ...); rope_freq_base / rope_freq_scale replace the
         file's (0: the file's). n_gpu_layers (any count: this build has no GPU, every layer stays on the CPU),
         n_threads_batch, use_mmap, use_mlock, flash_attn, numa, offload_kqv, main_gpu and tensor_split change
-        nothing; type_k / type_v take only F16 (1, what the KV cache holds); kv_overrides, lora_path,
+        nothing; type_k / type_v are the KV cache's types (ggml's ids, 1 F16, 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0,
+        7 Q5_1, or their names "f16", "q8_0", ...; None: F16), llama.cpp's --cache-type-k/-v; kv_overrides, lora_path,
         chat_handler and draft_model are refused.
         Every argument is checked here (ParamError / ParamTypeError naming it), and so is the memory the KV
         caches would take once full.
@@ -304,8 +304,12 @@ class Llama:
         rope_freq_base = check.number("rope_freq_base", rope_freq_base, minimum=0.0)
         rope_freq_scale = check.number("rope_freq_scale", rope_freq_scale, minimum=0.0)
         self.last_n_tokens_size = check.integer("last_n_tokens_size", last_n_tokens_size, minimum=0)
+        cache_types = []
         for name, value in (("type_k", type_k), ("type_v", type_v)):
-            check.only(name, value, (None, GGML_TYPE_F16), "the KV cache holds F16 keys and values (type 1) only")
+            try:
+                cache_types.append(cache_type(value, name))
+            except ValueError as exc:
+                raise ParamError(str(exc), name) from None
         check.integer("main_gpu", main_gpu, minimum=0)
         if tensor_split is not None and not isinstance(tensor_split, Sequence | np.ndarray):
             raise ParamTypeError("tensor_split must be a list of numbers or None", "tensor_split")
@@ -323,6 +327,11 @@ class Llama:
             self.model: Model | None = None if vocab_only else Model(self._file, n_threads=self.n_threads,
                                                                      rope_freq_base=rope_freq_base,
                                                                      rope_freq_scale=rope_freq_scale)
+            if self.model is not None:
+                try:
+                    self.model.set_cache_types(*cache_types)
+                except ValueError as exc:
+                    raise ParamError(str(exc), "type_k" if "keys" in str(exc) else "type_v") from None
             train_ctx = self.model.config.n_ctx_train if self.model is not None else context_length(self._file)
             self._n_ctx = n_ctx or train_ctx
             self.prefill_chunk = min(chunk, self._n_ctx)
@@ -351,7 +360,7 @@ class Llama:
     def _check_memory(self, model: Model) -> None:
         """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
         cfg = model.config
-        per_sequence = KVCache.bytes_needed(cfg, self._n_ctx, self.prefill_chunk)
+        per_sequence = KVCache.bytes_needed(cfg, self._n_ctx, self.prefill_chunk, *model.cache_types)
         # a prompt chunk's activations: the blocks' scratch (see csrc/block.c) and a row of logits
         q_row, kv_row = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
         batch = 4 * self.prefill_chunk * (cfg.n_embd + max(2 * q_row + 2 * kv_row, 2 * cfg.n_ff)) + 4 * model.n_vocab

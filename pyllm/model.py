@@ -35,7 +35,8 @@ from . import kernels
 from ._pyllm_c import ffi, lib
 from .arch import ArchitectureError, Config
 from .gguf import GGUFFile
-from .kvcache import KVCache
+from .kernels import GGMLType
+from .kvcache import KVCache, check_cache_types
 from .params import ParamError
 
 
@@ -219,10 +220,18 @@ class Model:
         self.n_vocab = self.weights.output.shape[1]
         self.reference = reference
         self._c_blocks = _CBlocks(self.config, self.weights)
+        self.cache_types = (GGMLType.F16, GGMLType.F16)
 
     def new_cache(self, n_ctx: int, max_batch: int = 512) -> KVCache:
-        """A cache for one sequence of up to n_ctx tokens; forward() runs at most max_batch rows at once."""
-        return KVCache(self.config, n_ctx, max_batch)
+        """A cache for one sequence of up to n_ctx tokens, of the model's cache types (`cache_types`); forward()
+        runs at most max_batch rows at once."""
+        return KVCache(self.config, n_ctx, max_batch, *self.cache_types)
+
+    def set_cache_types(self, type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16) -> None:
+        """The types every cache new_cache makes from now on keeps its keys and values in (ValueError if the
+        model's heads do not fit them)."""
+        check_cache_types(self.config, type_k, type_v)
+        self.cache_types = (GGMLType(type_k), GGMLType(type_v))
 
     def _matmul(self, w: Tensor, x: np.ndarray) -> np.ndarray:
         return w.matrix(x, self.n_threads)
@@ -382,7 +391,8 @@ class Model:
             seg.cache.store(i, seg.positions, k[rows], v[rows])
             k_all, v_all, k_pos = seg.cache.visible(i, int(seg.positions[-1]) + 1)
             attn[rows] = kernels.attention(np.ascontiguousarray(q[rows]), k_all, v_all, seg.positions, k_pos,
-                                           score_scale, window, n_threads=self.n_threads)
+                                           score_scale, window, n_threads=self.n_threads, type_k=seg.cache.type_k,
+                                           type_v=seg.cache.type_v)
         o = self._matmul(layer.wo, attn.reshape(m, -1))
         if layer.post_attn_norm is not None:
             o = kernels.rms_norm(o, layer.post_attn_norm, cfg.norm_eps)

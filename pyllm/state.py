@@ -10,9 +10,11 @@ The file (version 1), all integers little-endian:
     magic   b"PYLLMKV\\0"
     version u32
     length  u32 of the header that follows
-    header  JSON: {"model": model identity, "n_ctx", "n_tokens", "layers": [[slots, k_row, v_row], ...]}
+    header  JSON: {"model": model identity, "n_ctx", "n_tokens", "layers": [[slots, k_row, v_row], ...],
+                   "shapes": a slot's keys' and values' array shapes, "types": the cache's ["F16", "Q8_0"]}
     tokens  int32 x n_tokens
-    layers  per layer: positions int32 x slots, keys float16 x slots x k_row, values float16 x slots x v_row
+    layers  per layer: positions int32 x slots, keys x slots x k_row, values x slots x v_row, each float16 for
+            an F16 cache, bytes (the blocks) for a quantized one; no "types": F16 both
     sha256  32 bytes, of everything before it
 
 A layer keeps the slots that hold the context's tokens: all of them for full attention, the ring's for a
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .kernels import GGMLType
 from .kvcache import KVCache
 from .params import ParamError
 
@@ -65,8 +68,12 @@ def model_identity(path: str | os.PathLike[str], data_offset: int) -> str:
 @dataclass
 class LayerState:
     positions: np.ndarray   # (slots,) int32: the position each slot holds
-    k: np.ndarray           # (slots, n_head_kv, head_dim) float16
-    v: np.ndarray           # (slots, n_head_kv, head_dim_v) float16
+    k: np.ndarray           # (slots, n_head_kv, head_dim) float16, or (slots, row bytes) uint8 for a quantized cache
+    v: np.ndarray           # (slots, n_head_kv, head_dim_v) float16, or (slots, row bytes) uint8
+
+
+def _dtype(type_id: GGMLType) -> str:
+    return "<f2" if type_id == GGMLType.F16 else "u1"
 
 
 @dataclass
@@ -76,6 +83,7 @@ class LlamaState:
     n_ctx: int              # the context of the Llama it was saved from (informative)
     tokens: list[int]
     layers: list[LayerState]
+    types: tuple[GGMLType, GGMLType] = (GGMLType.F16, GGMLType.F16)  # the cache's keys' and values'
 
     @property
     def n_tokens(self) -> int:
@@ -97,7 +105,7 @@ class LlamaState:
             slots = np.flatnonzero((layer.positions >= 0) & (layer.positions < n)) if layer.ring \
                 else np.arange(n)
             layers.append(LayerState(layer.positions[slots].copy(), layer.k[slots].copy(), layer.v[slots].copy()))
-        return cls(model, cache.n_ctx, list(tokens), layers)
+        return cls(model, cache.n_ctx, list(tokens), layers, (cache.type_k, cache.type_v))
 
     def into_cache(self, cache: KVCache) -> None:
         """Write the state into an empty cache (of the same model) by position; ParamError where it cannot hold
@@ -108,6 +116,9 @@ class LlamaState:
                              "(it needs room for one more)", "state")
         if len(self.layers) != len(cache.layers):
             raise ParamError(f"state: {len(self.layers)} layers saved, the model has {len(cache.layers)}", "state")
+        if self.types != (cache.type_k, cache.type_v):
+            saved, here = ("/".join(t.name.lower() for t in types) for types in (self.types, (cache.type_k, cache.type_v)))
+            raise ParamError(f"state: saved from a {saved} KV cache (keys/values); this Llama's is {here}", "state")
         cache.clear()
         for i, (saved, layer) in enumerate(zip(self.layers, cache.layers, strict=True)):
             if saved.k.shape[1:] != layer.k.shape[1:] or saved.v.shape[1:] != layer.v.shape[1:]:
@@ -136,10 +147,12 @@ class LlamaState:
         header = json.dumps({"model": self.model, "n_ctx": self.n_ctx, "n_tokens": self.n_tokens,
                              "layers": [[len(s.positions), int(np.prod(s.k.shape[1:])), int(np.prod(s.v.shape[1:]))]
                                         for s in self.layers],
-                             "shapes": [[list(s.k.shape[1:]), list(s.v.shape[1:])] for s in self.layers]}).encode()
+                             "shapes": [[list(s.k.shape[1:]), list(s.v.shape[1:])] for s in self.layers],
+                             "types": [t.name for t in self.types]}).encode()
         parts = [_FIXED.pack(MAGIC, VERSION, len(header)), header, np.asarray(self.tokens, "<i4").tobytes()]
+        k_dtype, v_dtype = (_dtype(t) for t in self.types)
         for s in self.layers:
-            parts += [s.positions.astype("<i4").tobytes(), s.k.astype("<f2").tobytes(), s.v.astype("<f2").tobytes()]
+            parts += [s.positions.astype("<i4").tobytes(), s.k.astype(k_dtype).tobytes(), s.v.astype(v_dtype).tobytes()]
         body = b"".join(parts)
         return body + hashlib.sha256(body).digest()
 
@@ -167,13 +180,18 @@ class LlamaState:
             model, n_ctx, n_tokens = str(header["model"]), int(header["n_ctx"]), int(header["n_tokens"])
             sizes = [(int(a), int(b), int(c)) for a, b, c in header["layers"]]
             shapes = [(tuple(int(x) for x in k), tuple(int(x) for x in v)) for k, v in header["shapes"]]
+            types = tuple(GGMLType[str(t)] for t in header.get("types", ["F16", "F16"]))
+            if len(types) != 2:
+                raise ValueError("types")
         except (ValueError, KeyError, TypeError) as exc:
             raise bad(f"damaged: its header does not parse ({type(exc).__name__})") from None
+        k_dtype, v_dtype = (np.dtype(_dtype(t)) for t in types)
         if n_tokens < 0 or len(shapes) != len(sizes) or any(min(s) < 0 for s in sizes) or any(
                 int(np.prod(k)) != kr or int(np.prod(v)) != vr for (k, v), (_, kr, vr) in zip(shapes, sizes,
                                                                                                 strict=True)):
             raise bad("damaged: its header's sizes do not agree")
-        expected = _FIXED.size + header_len + 4 * n_tokens + sum(4 * n + 2 * n * (kr + vr) for n, kr, vr in sizes)
+        expected = _FIXED.size + header_len + 4 * n_tokens + sum(
+            4 * n + n * (k_dtype.itemsize * kr + v_dtype.itemsize * vr) for n, kr, vr in sizes)
         if len(data) != expected + _DIGEST:
             state = "truncated" if len(data) < expected + _DIGEST else "damaged"
             raise bad(f"{state}: {len(data)} bytes where its header says {expected + _DIGEST}")
@@ -186,12 +204,12 @@ class LlamaState:
         for (n, kr, vr), (k_shape, v_shape) in zip(sizes, shapes, strict=True):
             positions = np.frombuffer(data, "<i4", n, pos).astype(np.int32)
             pos += 4 * n
-            k = np.frombuffer(data, "<f2", n * kr, pos).astype(np.float16).reshape(n, *k_shape)
-            pos += 2 * n * kr
-            v = np.frombuffer(data, "<f2", n * vr, pos).astype(np.float16).reshape(n, *v_shape)
-            pos += 2 * n * vr
+            k = np.frombuffer(data, k_dtype, n * kr, pos).astype(k_dtype.newbyteorder("=")).reshape(n, *k_shape)
+            pos += k_dtype.itemsize * n * kr
+            v = np.frombuffer(data, v_dtype, n * vr, pos).astype(v_dtype.newbyteorder("=")).reshape(n, *v_shape)
+            pos += v_dtype.itemsize * n * vr
             layers.append(LayerState(positions, k, v))
-        return cls(model, n_ctx, tokens, layers)
+        return cls(model, n_ctx, tokens, layers, types)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the file whole or not at all (a temporary file renamed over `path`)."""

@@ -40,8 +40,9 @@ def test_the_arguments_llama_cpp_python_callers_pass_are_accepted(smollm2_path, 
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"chat_format": "llama-3"}, "chat_format"),        # the file writes ChatML, not Llama 3's format
     ({"chat_format": "alpaca"}, "chat_format"),
-    ({"type_k": 8}, "type_k"),                           # Q8_0 keys: the cache holds F16 only
-    ({"type_v": 0}, "type_v"),
+    ({"type_k": 10}, "type_k"),                          # Q2_K: not a cache type (llama.cpp's list)
+    ({"type_v": 0}, "type_v"),                           # F32: llama.cpp has it, pyllm's cache does not
+    ({"type_v": "q9_0"}, "type_v"),
     ({"kv_overrides": {"llama.context_length": 8}}, "kv_overrides"),
     ({"lora_path": "adapter.gguf"}, "lora_path"),
     ({"chat_handler": object()}, "chat_handler"),

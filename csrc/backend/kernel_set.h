@@ -127,7 +127,8 @@ struct pyllm_kernel_set {
  * argmax:       the first index of the largest of x[0..n) (n > 0); *nan <- whether x holds a NaN (then any index);
  * scale_max:    s[i] *= scale, returning the largest (NaN skipped; -INFINITY if none; either zero on a tie of
  *               zeros);
- * scale_row:    y[i] = (x[i] * scale) * w[i], or x[i] * scale where w is NULL (rms_norm's last step; y may be x). */
+ * scale_row:    y[i] = (x[i] * scale) * w[i], or x[i] * scale where w is NULL (rms_norm's last step; y may be x);
+ * add_scaled:   y[i] = y[i] + w * x[i], the product rounded first (a quantized cache's weighted sum of values). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
@@ -141,6 +142,8 @@ typedef struct {
     int64_t (*argmax)(const float *x, int64_t n, int *nan);
     float (*scale_max)(float *s, int64_t n, float scale);
     void (*scale_row)(const float *x, const float *w, float *y, int64_t n, float scale);
+    void (*add_scaled)(float *y, float w, const float *x, int64_t n);
+    dequantize_row_fn dequantize_q8_0, dequantize_q4_0;  /* the reference dequantizers' bits */
 } op_kernels;
 
 /* A prompt's attention (ops/attention.c: a block of queries against one kv head's keys and values, converted once),

@@ -114,7 +114,20 @@ static void scale_row_generic(const float *x, const float *w, float *y, int64_t 
     for (int64_t i = 0; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
 }
 
+static void add_scaled_generic(float *y, float w, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] + w * x[i];
+}
+
+static void dequantize_q8_0_generic(const void *blocks, float *y, int64_t n) {
+    dequantize_table[PYLLM_TYPE_Q8_0](blocks, y, n);
+}
+
+static void dequantize_q4_0_generic(const void *blocks, float *y, int64_t n) {
+    dequantize_table[PYLLM_TYPE_Q4_0](blocks, y, n);
+}
+
 const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weighted_sum_generic, swiglu_generic,
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
                                        geglu_generic, to_half_generic, round_half_generic, rope_head_generic, argmax_generic,
-                                       scale_max_generic, scale_row_generic};
+                                       scale_max_generic, scale_row_generic, add_scaled_generic,
+                                       dequantize_q8_0_generic, dequantize_q4_0_generic};

@@ -175,7 +175,7 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
         if (status != PYLLM_OK) return status;
         const int64_t n_visible = kv->ring ? kv->capacity : (int64_t)seg->positions[n - 1] + 1;
         s->calls[si] = (pyllm_attention_call){s->q + r0 * q_row, kv->k, kv->v, seg->positions, kv->positions, n,
-                                              n_visible, s->attn + r0 * q_row};
+                                              n_visible, s->attn + r0 * q_row, kv->k_type, kv->v_type};
     }
     status = pyllm_attention_batch(s->calls, n_segments, cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale,
                                    b->window, 0.0f, n_threads);  /* all sequences' attention in one task */

@@ -16,7 +16,7 @@
 
 typedef struct {
     const float *q;            /* (m, n_head, d) */
-    const fp16_t *k, *v;       /* (n_kv, n_head_kv, d), half precision like llama.cpp's cache */
+    const void *k, *v;         /* (n_kv, n_head_kv, d): half precision like llama.cpp's cache, or quantized rows */
     const int32_t *qpos;       /* (m,) */
     const int32_t *kpos;       /* (n_kv,) */
     int64_t m, n_kv, n_head, n_head_kv, d;
@@ -27,6 +27,11 @@ typedef struct {
     const prompt_attention_kernels *prompt;  /* non-NULL: the rows go in blocks (attend_block) */
     const head_group_kernels *group;         /* non-NULL: a row's heads of a kv head together (attend_heads) */
     int64_t heads_per_item;                  /* rows alone: the heads of a kv head one item takes */
+    int blocks;                              /* the rows go PREFILL_QUERY_BLOCK at a time (attend_block or
+                                                attend_quantized) */
+    const pyllm_kernel_set *k_set;           /* a quantized cache's (attend_quantized): its keys' vec_dot */
+    dequantize_row_fn v_to_float;            /* and its values' conversion */
+    int64_t k_slot_bytes, v_slot_bytes, k_head_bytes, v_head_bytes;
 } attention_job;
 
 static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -39,7 +44,7 @@ static inline int key_visible(const attention_job *job, int64_t t, int32_t qp) {
 /* Bytes of a decode row's keys (and as many of its values) the threads read through before its heads' items: the
  * slots a full-attention row sees, all kv heads (one contiguous run); 0 for a windowed row or a prompt's blocks. */
 static int64_t read_ahead_bytes(const attention_job *job) {
-    return job->prompt == NULL && job->window <= 0 ? job->n_kv * job->n_head_kv * job->d * (int64_t)sizeof(fp16_t) : 0;
+    return job->k_set == NULL && !job->blocks && job->window <= 0 ? job->n_kv * job->k_slot_bytes : 0;
 }
 
 /* Bytes of keys (and as many of values) a decode row asks for ahead: a quarter of a 1 MiB L2 together. */
@@ -77,7 +82,7 @@ static void attend_heads(const attention_job *job, int64_t r, int64_t h0, int64_
     for (int64_t h = 0; h < n_heads; ++h) max[h] = -INFINITY;
     const int32_t qp = job->qpos[r];
     const int64_t stride = job->n_head_kv * d;
-    const fp16_t *k = job->k + hk * d, *v = job->v + hk * d;
+    const fp16_t *k = (const fp16_t *)job->k + hk * d, *v = (const fp16_t *)job->v + hk * d;
     const head_group_kernels *group = job->group;
     if (read_ahead_bytes(job) == 0) {
         prefetch_rows(k, stride, n_kv, d * (int64_t)sizeof(fp16_t));
@@ -147,6 +152,8 @@ static int64_t attend_heads_floats(int64_t n_heads, int64_t n_kv, int64_t d) {
  * values stay under BLOCK_KV_FLOATS each; a sequence with fewer query rows (a decode step's one) goes row by row. */
 #define PREFILL_QUERY_BLOCK 16
 #define BLOCK_KV_FLOATS (1 << 21)
+/* A quantized cache's prefill rows go in blocks while the block's scores (rows x heads x slots) stay under this. */
+#define QUANTIZED_BLOCK_SCORES (1 << 22)
 
 /* One query row's visible slots among [t0, t1): the first and the last (last < first: none), searched from
  * both ends. */
@@ -195,7 +202,8 @@ static void attend_block(const attention_job *job, int64_t hk, int64_t r0, int64
     }
     const int64_t t0 = first / 16 * 16, n = last + 1 - t0, n16 = round16(n);
     float *kt = scratch + span_floats(group), *vf = kt + d * n16, *qs = vf + round16(n * d), *scores = qs + pairs * d;
-    job->prompt->kv_to_float(job->k + t0 * stride + hk * d, job->v + t0 * stride + hk * d, stride, n, d, kt, vf);
+    job->prompt->kv_to_float((const fp16_t *)job->k + t0 * stride + hk * d, (const fp16_t *)job->v + t0 * stride + hk * d,
+                             stride, n, d, kt, vf);
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t r = r0 + p % (r1 - r0), h = hk * group + p / (r1 - r0);
         if (p >= r1 - r0) spans[p] = spans[p % (r1 - r0)];  /* the row's, for every head */
@@ -245,6 +253,91 @@ static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
     return span_floats(group) + d * round16(n_kv) + round16(n_kv * d) + pairs * d + pairs * round16(n_kv);
 }
 
+/*
+ * A quantized cache (pyllm_attention_call): query rows r0..r1 - 1, heads h0 .. h0 + n_heads - 1 of one kv head,
+ * every (row, head) pair computed alone, so any grouping of rows and heads gives the same bits: its query in the
+ * key type's activation format; each visible key's score the key type's vec_dot, scaled (and capped); the softmax
+ * of attend_heads from the group of 8 of the row's first visible slot; then each slot's value dequantized once and
+ * added into every pair's output, weight times value then the add, in slot order. The keys and values are read in
+ * place, each once for all the pairs. scratch: 64-byte aligned, quantized_scratch_floats.
+ */
+static void attend_quantized(const attention_job *job, int64_t r0, int64_t r1, int64_t h0, int64_t n_heads,
+                             float *scratch) {
+    const int64_t d = job->d, rows = r1 - r0, pairs = rows * n_heads, hk = h0 / (job->n_head / job->n_head_kv);
+    const pyllm_kernel_set *kset = job->k_set;
+    pair_span *spans = (pair_span *)scratch;  /* each row's visible slots, then (first rounded down) its softmax's */
+    int64_t first = job->n_kv, last = -1;
+    for (int64_t i = 0; i < rows; ++i) {
+        visible_span(job, r0 + i, 0, job->n_kv, &spans[i].first, &spans[i].last);
+        if (spans[i].last >= spans[i].first) {
+            first = spans[i].first < first ? spans[i].first : first;
+            last = spans[i].last > last ? spans[i].last : last;
+        }
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+        float *out = job->out + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d;
+        for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+    }
+    if (last < first) return;  /* no row sees a key */
+    const int64_t t0 = first / 8 * 8, n = last + 1 - t0, n16 = round16(n);
+    const int64_t act_bytes = type_row_bytes(kset->act_type, d);
+    float *scores = scratch + span_floats(1), *value = scores + pairs * n16;  /* (pairs, n16), (d,) */
+    char *queries = (char *)(value + round16(d));                              /* (pairs, act_bytes) */
+    for (int64_t p = 0; p < pairs; ++p) {
+        kset->quantize_act(job->q + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d, queries + p * act_bytes, d);
+    }
+    const char *keys = (const char *)job->k + hk * job->k_head_bytes;
+    for (int64_t t = t0; t <= last; ++t) {
+        const char *key = keys + t * job->k_slot_bytes;
+        for (int64_t i = 0; i < rows; ++i) {
+            const int visible = t >= spans[i].first && t <= spans[i].last && key_visible(job, t, job->qpos[r0 + i]);
+            for (int64_t h = 0; h < n_heads; ++h) {
+                const int64_t p = i * n_heads + h;
+                scores[p * n16 + t - t0] = visible ? kset->vec_dot(d, key, queries + p * act_bytes) : -INFINITY;
+            }
+        }
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+        pair_span *span = &spans[p / n_heads];
+        if (span->last < span->first) continue;
+        float *s = scores + p * n16, max = -INFINITY;
+        const int64_t begin = span->first / 8 * 8;
+        for (int64_t t = begin; t <= span->last; ++t) {
+            float score = s[t - t0];
+            if (score != -INFINITY) {
+                score *= job->scale;
+                if (job->softcap > 0.0f) score = job->softcap * tanhf(score / job->softcap);
+                max = score > max ? score : max;
+            }
+            s[t - t0] = score;
+        }
+        job->kernels->softmax_half(s + (begin - t0), span->last + 1 - begin, max);
+    }
+    const char *values = (const char *)job->v + hk * job->v_head_bytes;
+    for (int64_t t = t0; t <= last; ++t) {
+        int needed = 0;
+        for (int64_t p = 0; p < pairs && !needed; ++p) {
+            const pair_span *span = &spans[p / n_heads];
+            needed = t >= span->first / 8 * 8 && t <= span->last && scores[p * n16 + t - t0] != 0.0f;
+        }
+        if (!needed) continue;
+        job->v_to_float(values + t * job->v_slot_bytes, value, d);
+        for (int64_t p = 0; p < pairs; ++p) {
+            const pair_span *span = &spans[p / n_heads];
+            const float w = scores[p * n16 + t - t0];
+            if (t < span->first / 8 * 8 || t > span->last || w == 0.0f) continue;
+            job->kernels->add_scaled(job->out + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d, w, value, d);
+        }
+    }
+}
+
+/* Floats of attend_quantized's scratch for `rows` rows of n_heads heads: the rows' spans, the pairs' scores, a
+ * value, the pairs' queries (act_bytes each). */
+static int64_t quantized_scratch_floats(int64_t rows, int64_t n_heads, int64_t n_kv, int64_t d, int64_t act_bytes) {
+    const int64_t pairs = rows * n_heads;
+    return span_floats(1) + pairs * round16(n_kv + 8) + round16(d) + round16((pairs * act_bytes + 3) / 4);
+}
+
 /* A row's items a kv head: its heads in runs of heads_per_item (the last run may be shorter). */
 static int64_t head_runs(const attention_job *job) {
     return (job->n_head / job->n_head_kv + job->heads_per_item - 1) / job->heads_per_item;
@@ -253,8 +346,8 @@ static int64_t head_runs(const attention_job *job) {
 /* A job's items: its (row, kv head, run of heads) triples, or with prompt kernels its (query block, kv head)
  * pairs. */
 static int64_t job_items(const attention_job *job) {
-    return job->prompt != NULL ? (job->m + PREFILL_QUERY_BLOCK - 1) / PREFILL_QUERY_BLOCK * job->n_head_kv
-                               : job->m * job->n_head_kv * head_runs(job);
+    return job->blocks ? (job->m + PREFILL_QUERY_BLOCK - 1) / PREFILL_QUERY_BLOCK * job->n_head_kv
+                       : job->m * job->n_head_kv * head_runs(job);
 }
 
 /* Several attention calls (a batch's sequences) in one task: their items numbered in order, a contiguous range of
@@ -302,19 +395,23 @@ static void attend_item(const attention_batch *batch, int64_t item, float *scrat
     int j = 0;
     while (item >= job_items(&batch->jobs[j])) item -= job_items(&batch->jobs[j++]);
     const attention_job *job = &batch->jobs[j];
-    if (job->prompt == NULL) {
+    const int64_t group = job->n_head / job->n_head_kv;
+    if (!job->blocks) {
         const int64_t runs = head_runs(job), per_row = job->n_head_kv * runs;
-        const int64_t hk = item % per_row / runs, run = item % runs, group = job->n_head / job->n_head_kv;
+        const int64_t hk = item % per_row / runs, run = item % runs, r = item / per_row;
         const int64_t h0 = hk * group + run * job->heads_per_item;
-        attend_heads(job, item / per_row, h0, group - h0 % group < job->heads_per_item ? group - h0 % group
-                                                                                    : job->heads_per_item, scratch);
+        const int64_t n_heads = group - h0 % group < job->heads_per_item ? group - h0 % group : job->heads_per_item;
+        if (job->k_set != NULL) attend_quantized(job, r, r + 1, h0, n_heads, scratch);
+        else attend_heads(job, r, h0, n_heads, scratch);
         return;
     }
     /* numbered from the last query block (the most keys, under a causal mask) down: the first thread's range holds
      * the heaviest, and the others, done with their lighter ones, take its items from the back one by one */
     const int64_t n_blocks = (job->m + PREFILL_QUERY_BLOCK - 1) / PREFILL_QUERY_BLOCK;
     const int64_t block = n_blocks - 1 - item / job->n_head_kv, r0 = block * PREFILL_QUERY_BLOCK;
-    attend_block(job, item % job->n_head_kv, r0, r0 + PREFILL_QUERY_BLOCK < job->m ? r0 + PREFILL_QUERY_BLOCK : job->m, scratch);
+    const int64_t hk = item % job->n_head_kv, r1 = r0 + PREFILL_QUERY_BLOCK < job->m ? r0 + PREFILL_QUERY_BLOCK : job->m;
+    if (job->k_set != NULL) attend_quantized(job, r0, r1, hk * group, group, scratch);
+    else attend_block(job, hk, r0, r1, scratch);
 }
 
 static void attention_task(void *arg, int ith, int nth) {
@@ -340,9 +437,21 @@ static int make_jobs(const pyllm_attention_call *calls, int n_calls, int64_t n_h
     for (int j = 0; j < n_calls; ++j) {
         const pyllm_attention_call *c = &calls[j];
         if (c->m <= 0 || c->n_kv <= 0) return PYLLM_ERR_SHAPE;
-        const int blocks = ops->prompt != NULL && c->m >= PREFILL_QUERY_BLOCK && d % 16 == 0 && c->n_kv * d <= BLOCK_KV_FLOATS;
+        if (!pyllm_kv_type_valid(c->k_type, d) || !pyllm_kv_type_valid(c->v_type, d)) return PYLLM_ERR_TYPE;
+        const int quantized = c->k_type != PYLLM_TYPE_F16 || c->v_type != PYLLM_TYPE_F16;
+        const int blocks = c->m >= PREFILL_QUERY_BLOCK &&
+                           (quantized ? PREFILL_QUERY_BLOCK * (n_head / n_head_kv) * c->n_kv <= QUANTIZED_BLOCK_SCORES
+                                      : ops->prompt != NULL && d % 16 == 0 && c->n_kv * d <= BLOCK_KV_FLOATS);
         jobs[j] = (attention_job){c->q, c->k, c->v, c->qpos, c->kpos, c->m, c->n_kv, n_head, n_head_kv, d, scale,
-                                  softcap, window, c->out, ops->ops, blocks ? ops->prompt : NULL, group, 1};
+                                  softcap, window, c->out, ops->ops, blocks && !quantized ? ops->prompt : NULL,
+                                  quantized ? NULL : group, 1, blocks, quantized ? pyllm_kernels(c->k_type) : NULL,
+                                  c->v_type == PYLLM_TYPE_Q8_0   ? ops->ops->dequantize_q8_0
+                                  : c->v_type == PYLLM_TYPE_Q4_0 ? ops->ops->dequantize_q4_0
+                                                                 : dequantize_table[c->v_type],
+                                  type_row_bytes(c->k_type, n_head_kv * d),
+                                  type_row_bytes(c->v_type, n_head_kv * d), type_row_bytes(c->k_type, d),
+                                  type_row_bytes(c->v_type, d)};
+        if (quantized && jobs[j].k_set == NULL) return PYLLM_ERR_TYPE;
         *work += c->m * n_head * c->n_kv * d;
         *rows_alone += blocks ? 0 : c->m;
     }
@@ -353,7 +462,7 @@ static int make_jobs(const pyllm_attention_call *calls, int n_calls, int64_t n_h
  * thread without an item; each job's scratch floats for that (the largest of them is a thread's). */
 static int64_t share_heads(attention_job *jobs, int n_calls, int64_t rows_alone, int n_threads) {
     const int64_t n_head_kv = jobs[0].n_head_kv, group_size = jobs[0].n_head / n_head_kv, d = jobs[0].d;
-    int64_t heads_per_item = jobs[0].group != NULL ? group_size : 1;
+    int64_t heads_per_item = jobs[0].group != NULL || jobs[0].k_set != NULL ? group_size : 1;
     while (heads_per_item > 1 && rows_alone * n_head_kv * ((group_size + heads_per_item - 1) / heads_per_item) < n_threads) {
         heads_per_item = (heads_per_item + 1) / 2;
     }
@@ -361,8 +470,15 @@ static int64_t share_heads(attention_job *jobs, int n_calls, int64_t rows_alone,
     for (int j = 0; j < n_calls; ++j) {
         attention_job *job = &jobs[j];
         job->heads_per_item = heads_per_item;
-        const int64_t floats = job->prompt != NULL ? block_scratch_floats(job->n_kv, d, group_size)
-                                                   : attend_heads_floats(heads_per_item, job->n_kv, d);
+        int64_t floats;
+        if (job->k_set != NULL) {
+            const int64_t act_bytes = type_row_bytes(job->k_set->act_type, d);
+            floats = job->blocks ? quantized_scratch_floats(PREFILL_QUERY_BLOCK, group_size, job->n_kv, d, act_bytes)
+                                 : quantized_scratch_floats(1, heads_per_item, job->n_kv, d, act_bytes);
+        } else {
+            floats = job->blocks ? block_scratch_floats(job->n_kv, d, group_size)
+                                 : attend_heads_floats(heads_per_item, job->n_kv, d);
+        }
         scratch_floats = floats > scratch_floats ? floats : scratch_floats;
     }
     return scratch_floats;
@@ -392,6 +508,6 @@ int pyllm_attention_batch(const pyllm_attention_call *calls, int n_calls, int64_
 int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *qpos,
                     const int32_t *kpos, int64_t m, int64_t n_kv, int64_t n_head, int64_t n_head_kv, int64_t d,
                     float scale, int32_t window, float softcap, float *out, int n_threads) {
-    const pyllm_attention_call call = {q, k, v, qpos, kpos, m, n_kv, out};
+    const pyllm_attention_call call = {q, k, v, qpos, kpos, m, n_kv, out, PYLLM_TYPE_F16, PYLLM_TYPE_F16};
     return pyllm_attention_batch(&call, 1, n_head, n_head_kv, d, scale, window, softcap, n_threads);
 }

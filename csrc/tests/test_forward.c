@@ -71,7 +71,8 @@ static void run_model(float out[(PROMPT + 1) * N_EMBD]) {
     for (int l = 0; l < N_LAYER; ++l) {
         for (int s = 0; s < CAPACITY; ++s) cache_pos[l][s] = -1;
         kv[l] = (pyllm_kv_layer){.k = cache_k[l], .v = cache_v[l], .positions = cache_pos[l], .capacity = CAPACITY,
-                                 .k_row = N_HEAD_KV * HEAD_DIM, .v_row = N_HEAD_KV * HEAD_DIM};
+                                 .k_row = N_HEAD_KV * HEAD_DIM, .v_row = N_HEAD_KV * HEAD_DIM,
+                                 .k_type = PYLLM_TYPE_F16, .v_type = PYLLM_TYPE_F16};
         kv_layers[l] = &kv[l];
     }
     for (int i = 0; i < (PROMPT + 1) * N_EMBD; ++i) out[i] = rng_float(-1, 1);

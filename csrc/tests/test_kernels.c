@@ -303,7 +303,8 @@ static void test_bad_arguments(void) {
     static const float weights[32 * 32], norm[32];
     uint16_t cache_k[32], cache_v[32];
     int32_t cache_pos[1] = {-1};
-    pyllm_kv_layer kv = {.k = cache_k, .v = cache_v, .positions = cache_pos, .capacity = 1, .k_row = 32, .v_row = 32};
+    pyllm_kv_layer kv = {.k = cache_k, .v = cache_v, .positions = cache_pos, .capacity = 1, .k_row = 32, .v_row = 32,
+                         .k_type = PYLLM_TYPE_F16, .v_type = PYLLM_TYPE_F16};
     pyllm_kv_layer *kv_layers[1] = {&kv};
     pyllm_segment one = {.row0 = 0, .n_rows = 1, .positions = pos, .kv = kv_layers};
     const pyllm_weight square = {pyllm_kernels(PYLLM_TYPE_F32), weights, 32, 32};

@@ -111,7 +111,7 @@ static void test_attention_tiers_agree(void) {
                 pyllm_attention_call calls[M];
                 for (int r = 0; r < M; ++r) {
                     calls[r] = (pyllm_attention_call){q + r * n_head * d, k, v, &qpos[r], kpos, 1, N_KV,
-                                                      got + r * n_head * d};
+                                                      got + r * n_head * d, PYLLM_TYPE_F16, PYLLM_TYPE_F16};
                 }
                 memset(got, 0, sizeof(got));
                 CHECK(pyllm_attention_batch(calls, M, n_head, n_head_kv, d, 0.3f, 7, 0.0f, threads) == PYLLM_OK,
@@ -159,7 +159,8 @@ static void test_decode_attention_heads(void) {
                 const int32_t window = setting == 1 ? 30 : 0;
                 const float softcap = setting == 2 ? 30.0f : 0.0f;
                 pyllm_attention_call calls[ROWS];
-                for (int r = 0; r < ROWS; ++r) calls[r] = (pyllm_attention_call){q + r * n_head * d, k, v, &qpos[r], kpos, 1, N_KV, NULL};
+                for (int r = 0; r < ROWS; ++r) calls[r] = (pyllm_attention_call){q + r * n_head * d, k, v, &qpos[r], kpos, 1, N_KV, NULL,
+                                                                                  PYLLM_TYPE_F16, PYLLM_TYPE_F16};
                 pyllm_set_tier(PYLLM_TIER_GENERIC);
                 for (int r = 0; r < ROWS; ++r) calls[r].out = ref + r * n_head * d;
                 CHECK(pyllm_attention_batch(calls, ROWS, n_head, n_head_kv, d, 0.3f, window, softcap, 1) == PYLLM_OK,
@@ -484,7 +485,7 @@ static void test_kv_cache_layer(void) {
         vin[i] = rng_float(-1, 1);
     }
     for (int r = 0; r < N; ++r) pos[r] = r;
-    const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1};
+    const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_F16, PYLLM_TYPE_F16};
     for (int s = 0; s < CAP; ++s) positions[s] = -1;
     CHECK(pyllm_kv_store(&ring, pos, kin, vin, 5) == PYLLM_OK && pyllm_kv_store(&ring, pos + 5, kin + 5 * ROW,
           vin + 5 * ROW, N - 5) == PYLLM_OK, "ring store");
@@ -497,7 +498,7 @@ static void test_kv_cache_layer(void) {
     CHECK(pyllm_kv_store(&ring, (const int32_t[]){-1}, kin, vin, 1) == PYLLM_ERR_SHAPE, "negative position");
 
     /* full layer: positions 0..5; drop [1, 3): 3, 4, 5 move to 1, 2, 3, keys rotated by -2 */
-    const pyllm_kv_layer full = {k, v, positions, CAP, ROW, ROW, 0};
+    const pyllm_kv_layer full = {k, v, positions, CAP, ROW, ROW, 0, PYLLM_TYPE_F16, PYLLM_TYPE_F16};
     for (int s = 0; s < CAP; ++s) positions[s] = -1;
     CHECK(pyllm_kv_store(&full, pos, kin, vin, CAP) == PYLLM_OK, "full store");
     CHECK(pyllm_kv_store(&full, (const int32_t[]){CAP}, kin, vin, 1) == PYLLM_ERR_SHAPE, "past the end");

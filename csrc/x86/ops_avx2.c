@@ -395,6 +395,42 @@ static void scale_row_avx2(const float *x, const float *w, float *y, int64_t n, 
     for (; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
 }
 
+static void add_scaled_avx2(float *y, float w, const float *x, int64_t n) {
+    const __m256 weight = _mm256_set1_ps(w);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(weight, _mm256_loadu_ps(x + i))));
+    }
+    for (; i < n; ++i) y[i] = y[i] + w * x[i];
+}
+
+static void dequantize_q8_0_avx2(const void *blocks, float *y, int64_t n) {
+    const block_q8_0 *b = blocks;
+    for (int64_t i = 0; i < n / QK32; ++i, y += QK32) {
+        const __m256 d = _mm256_set1_ps(fp16_to_fp32(b[i].d));
+        for (int j = 0; j < QK32; j += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+static void dequantize_q4_0_avx2(const void *blocks, float *y, int64_t n) {
+    const block_q4_0 *b = blocks;
+    const __m128i low = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < n / QK32; ++i, y += QK32) {
+        const __m256 d = _mm256_set1_ps(fp16_to_fp32(b[i].d));
+        const __m128i qs = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i halves[2] = {_mm_sub_epi8(_mm_and_si128(qs, low), eight),
+                                   _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), low), eight)};
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q0 = _mm256_cvtepi8_epi32(halves[h]), q1 = _mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8));
+            _mm256_storeu_ps(y + 16 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), d));
+            _mm256_storeu_ps(y + 16 * h + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d));
+        }
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -403,6 +439,7 @@ static void scale_row_avx2(const float *x, const float *w, float *y, int64_t n, 
 
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
-                                     to_half_avx2, round_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2};
+                                     to_half_avx2, round_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2,
+                                     add_scaled_avx2, dequantize_q8_0_avx2, dequantize_q4_0_avx2};
 
 #endif
