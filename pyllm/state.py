@@ -117,7 +117,8 @@ class LlamaState:
         if len(self.layers) != len(cache.layers):
             raise ParamError(f"state: {len(self.layers)} layers saved, the model has {len(cache.layers)}", "state")
         if self.types != (cache.type_k, cache.type_v):
-            saved, here = ("/".join(t.name.lower() for t in types) for types in (self.types, (cache.type_k, cache.type_v)))
+            saved, here = ("/".join(t.name.lower() for t in types)
+                           for types in (self.types, (cache.type_k, cache.type_v)))
             raise ParamError(f"state: saved from a {saved} KV cache (keys/values); this Llama's is {here}", "state")
         cache.clear()
         for i, (saved, layer) in enumerate(zip(self.layers, cache.layers, strict=True)):

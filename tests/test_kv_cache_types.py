@@ -83,7 +83,7 @@ def decoded(rows: np.ndarray, type_id: GGMLType, with_min: bool = True) -> np.nd
     return decode_blocks(rows, type_id, with_min)
 
 
-def key_scores(k: np.ndarray, type_k: GGMLType, kd: np.ndarray, mins: np.ndarray | None, query: np.ndarray) -> np.ndarray:
+def key_scores(type_k: GGMLType, kd: np.ndarray, mins: np.ndarray | None, query: np.ndarray) -> np.ndarray:
     """q . k for every key of one kv head (kd: (n_kv, d) decoded without mins; mins: (n_kv, blocks) or None)."""
     if type_k == GGMLType.F16:
         return kd @ query.astype(np.float16).astype(np.float64)
@@ -120,7 +120,7 @@ def test_quantized_attention_matches_reference_and_any_grouping(type_k: GGMLType
         visible = (k_pos >= 0) & (k_pos <= q_pos[r]) & (q_pos[r] - k_pos < window)
         for h in range(n_head):
             hk = h // group
-            s = key_scores(k, type_k, kd[visible, hk], None if mins is None else mins[visible, hk], q[r, h]) * scale
+            s = key_scores(type_k, kd[visible, hk], None if mins is None else mins[visible, hk], q[r, h]) * scale
             p = np.exp(s - s.max())
             weights = (p / p.sum()).astype(np.float16)
             want[r, h] = weights.astype(np.float64) @ vd[visible, hk]
