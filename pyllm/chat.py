@@ -119,9 +119,12 @@ class ReplyStats:
     decode_s: float
     kv_used: int
     n_ctx: int
+    kv_bytes: tuple[int, int, str] | None = None  # bytes the used slots take, of a full cache's, and its types
+
 
     @classmethod
-    def of(cls, request: Request, ended_at: float, n_ctx: int) -> ReplyStats:
+    def of(cls, request: Request, ended_at: float, n_ctx: int,
+           kv_bytes: Callable[[int], tuple[int, int, str]] | None = None) -> ReplyStats:
         n = request.n_generated
         first = request.first_token_at
         stopped_at_end = request.finish_reason == "stop"
@@ -129,7 +132,8 @@ class ReplyStats:
                    ttft_s=None if first is None else first - request.submitted_at,
                    decode_steps=max(0, n - 1 + stopped_at_end) if first is not None else 0,
                    decode_s=0.0 if first is None else ended_at - first,
-                   kv_used=min(n_ctx, len(request.prompt) + n), n_ctx=n_ctx)
+                   kv_used=min(n_ctx, len(request.prompt) + n), n_ctx=n_ctx,
+                   kv_bytes=None if kv_bytes is None else kv_bytes(min(n_ctx, len(request.prompt) + n)))
 
     def line(self) -> str:
         new = self.prompt_tokens - self.cached_tokens
@@ -142,7 +146,11 @@ class ReplyStats:
                          f"TPOT {1e3 * self.decode_s / self.decode_steps:.1f} ms")
         else:
             parts.append(f"decode {self.reply_tokens} tok")
-        parts.append(f"KV cache {self.kv_used}/{self.n_ctx} tok")
+        memory = ""
+        if self.kv_bytes is not None:
+            used, full, types = self.kv_bytes
+            memory = f", {used / 2**20:.1f}/{full / 2**20:.1f} MiB {types}"
+        parts.append(f"KV cache {self.kv_used}/{self.n_ctx} tok{memory}")
         return " | ".join(parts)
 
 
@@ -357,7 +365,7 @@ class ChatSession:
             self.turns.append({"role": "assistant", "content": "".join(pieces)})
         else:
             self.turns += [{"role": "user", "content": text}, {"role": "assistant", "content": "".join(pieces)}]
-        self.last_stats = ReplyStats.of(stream.request, ended_at, self.llm.n_ctx())
+        self.last_stats = ReplyStats.of(stream.request, ended_at, self.llm.n_ctx(), self.llm.kv_cache_bytes)
         if self.show_stats:
             self.say(f"[{self.last_stats.line()}]")
 

@@ -49,7 +49,30 @@ def _summary(f: GGUFFile) -> dict:
         "tokenizer": text("tokenizer.ggml.model"),
         "vocab_size": len(tokens) if isinstance(tokens, StringArray) else None,
         "chat_template": "tokenizer.chat_template" in f.metadata,
+        "kv_cache_bytes": _kv_cache_bytes(f),
     }
+
+
+# `pyllm info` sizes the KV cache at the default context of run/chat/serve (-c) and at the training context.
+INFO_CONTEXT = 4096
+
+
+def _kv_cache_bytes(f: GGUFFile) -> dict[str, dict[str, int]] | None:
+    """A sequence's full KV cache, by cache type, at INFO_CONTEXT tokens and at the training context; None for a
+    file pyllm cannot run."""
+    from .arch import ArchitectureError, Config
+    from .kvcache import KVCache
+    try:
+        cfg = Config.from_gguf(f)
+    except (ArchitectureError, GGUFError):
+        return None
+    sizes = {}
+    for name in ("f16", "q8_0", "q4_0"):
+        t = CACHE_TYPES[name]
+        if cfg.head_dim % 32 and name != "f16":
+            continue
+        sizes[name] = {str(n): KVCache.bytes_needed(cfg, n, 512, t, t) for n in (INFO_CONTEXT, cfg.n_ctx_train)}
+    return sizes
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,6 +102,11 @@ def info(model: str, as_json: bool) -> None:
     click.echo("  tensor types   " + ", ".join(f"{k} x{v}" for k, v in summary["tensor_types"].items()))
     click.echo(f"  tokenizer      {summary['tokenizer']}, {summary['vocab_size']} tokens"
                + (", chat template" if summary["chat_template"] else ""))
+    if summary["kv_cache_bytes"]:
+        contexts = list(summary["kv_cache_bytes"]["f16"])
+        sizes = ", ".join(f"{name} " + " / ".join(f"{by_ctx[n] / 2**20:.0f}" for n in contexts)
+                          for name, by_ctx in summary["kv_cache_bytes"].items())
+        click.echo(f"  KV cache       {sizes} MiB at {' / '.join(contexts)} tokens (-ctk/-ctv)")
     for key, value in summary["hyperparameters"].items():
         click.echo(f"  {key:<38} {value}")
 

@@ -94,9 +94,15 @@ class KVCache:
     def bytes_needed(cfg: Config, n_ctx: int, max_batch: int, type_k: GGMLType = GGMLType.F16,
                      type_v: GGMLType = GGMLType.F16) -> int:
         """The bytes a cache of this shape holds once full (what KVCache allocates)."""
+        return KVCache.bytes_holding(cfg, n_ctx, n_ctx, max_batch, type_k, type_v)
+
+    @staticmethod
+    def bytes_holding(cfg: Config, n_tokens: int, n_ctx: int, max_batch: int, type_k: GGMLType = GGMLType.F16,
+                      type_v: GGMLType = GGMLType.F16) -> int:
+        """The bytes of such a cache's slots that n_tokens tokens fill (a ring's slots at most)."""
         slot = (row_bytes(type_k, cfg.n_head_kv * cfg.head_dim) + row_bytes(type_v, cfg.n_head_kv * cfg.head_dim_v)
                 + 4)  # keys, values, an int32 position
-        return sum(_layer_capacity(cfg, i, n_ctx, max_batch)[0] for i in range(cfg.n_layer)) * slot
+        return sum(min(n_tokens, _layer_capacity(cfg, i, n_ctx, max_batch)[0]) for i in range(cfg.n_layer)) * slot
 
     def __init__(self, cfg: Config, n_ctx: int, max_batch: int, type_k: GGMLType = GGMLType.F16,
                  type_v: GGMLType = GGMLType.F16) -> None:

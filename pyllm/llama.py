@@ -357,6 +357,15 @@ class Llama:
         self._rows = np.zeros((0, self.n_vocab()), np.float32)  # logits_all: each token's logits; else the last's
         self._rng = np.random.default_rng(self.seed)  # sample's and generate's draws
 
+    def kv_cache_bytes(self, n_tokens: int) -> tuple[int, int, str]:
+        """(bytes of a sequence's KV cache that n_tokens fill, bytes of the full cache, its types as "q8_0" or
+        "q8_0/f16" for keys/values)."""
+        assert self.model is not None
+        cfg, types = self.model.config, self.model.cache_types
+        names = types[0].name.lower() if types[0] == types[1] else "/".join(t.name.lower() for t in types)
+        return (KVCache.bytes_holding(cfg, n_tokens, self._n_ctx, self.prefill_chunk, *types),
+                KVCache.bytes_needed(cfg, self._n_ctx, self.prefill_chunk, *types), names)
+
     def _check_memory(self, model: Model) -> None:
         """Refuse a context whose KV caches (full, one per sequence slot) and one batch's scratch could not fit."""
         cfg = model.config

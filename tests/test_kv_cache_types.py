@@ -231,3 +231,27 @@ def test_api_and_cli_take_cache_types(smollm2_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", str(smollm2_path), "Hello", "-ctk", "q3_k"])
     assert result.exit_code == 2 and "'q3_k' is not one of" in result.output
     assert set(CACHE_TYPES) == {"f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
+
+
+def test_info_and_chat_stats_show_the_cache_memory(smollm2_path: Path) -> None:
+    """`pyllm info` sizes the cache of each type at 4096 tokens and the training context, as KVCache
+    allocates it; chat's statistics give the bytes used and the types."""
+    from pyllm.chat import ChatSession, Settings
+
+    result = CliRunner().invoke(main, ["info", str(smollm2_path), "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+    sizes = json.loads(result.output)["kv_cache_bytes"]
+    llm = Llama(str(smollm2_path), n_ctx=4096, type_k="q8_0", type_v="q8_0", prefill_chunk=512)
+    assert llm.model is not None
+    assert sizes["q8_0"]["4096"] == KVCache.bytes_needed(llm.model.config, 4096, 512, GGMLType.Q8_0, GGMLType.Q8_0)
+    assert sizes["f16"]["4096"] > sizes["q8_0"]["4096"] > sizes["q4_0"]["4096"]
+    lines: list[str] = []
+    session = ChatSession(llm, Settings(temperature=0, max_tokens=4), stats=True,
+                          out=lambda text="", **_: lines.append(text),
+                          model_name="smollm2")
+    session.handle("Hi")
+    used, full, types = llm.kv_cache_bytes(llm.n_ctx())
+    assert (used, types) == (full, "q8_0") and full == sizes["q8_0"]["4096"]
+    assert any(f"/{full / 2**20:.1f} MiB q8_0" in line for line in lines), lines
+    llm.close()

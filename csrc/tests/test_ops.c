@@ -606,6 +606,51 @@ static void test_scratch(void) {
     CHECK(pyllm_scratch(SCRATCH_SLOTS, 10) == NULL, "scratch: unknown slot");
 }
 
+/* A quantized cache: keys and values stored through pyllm_kv_store (q8_0, q4_0, mixed with f16; a ring
+ * overwriting slots), then attention over them: every tier gives the generic bits, and the prompt's 16-row blocks
+ * give the bits of each row alone; a key type whose blocks do not fit a head is refused. */
+static void test_quantized_cache_attention(void) {
+    enum { M = 18, CAP = 24, N_HEAD = 4, N_HEAD_KV = 2, D = 64, ROW = N_HEAD_KV * D };
+    static const int types[][2] = {{PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0}, {PYLLM_TYPE_Q4_0, PYLLM_TYPE_F16},
+                                   {PYLLM_TYPE_F16, PYLLM_TYPE_Q4_0}, {PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q4_1}};
+    static float q[M * N_HEAD * D], kin[30 * ROW], vin[30 * ROW], ref[M * N_HEAD * D], got[M * N_HEAD * D];
+    static uint8_t k[CAP * ROW * 2], v[CAP * ROW * 2];
+    int32_t positions[CAP], pos[30];
+    for (int i = 0; i < M * N_HEAD * D; ++i) q[i] = rng_float(-2, 2);
+    for (int i = 0; i < 30 * ROW; ++i) kin[i] = rng_float(-2, 2), vin[i] = rng_float(-2, 2);
+    for (int r = 0; r < 30; ++r) pos[r] = r;
+    const int saved = pyllm_active_tier();
+    for (int ti = 0; ti < 4; ++ti) {
+        const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1, types[ti][0], types[ti][1]};
+        for (int s = 0; s < CAP; ++s) positions[s] = -1;
+        CHECK(pyllm_kv_store(&ring, pos, kin, vin, 30) == PYLLM_OK, "quantized store %d", ti);
+        const int32_t *qpos = pos + 30 - M;
+        pyllm_attention_call call = {q, k, v, qpos, positions, M, CAP, ref, types[ti][0], types[ti][1]};
+        pyllm_set_tier(PYLLM_TIER_GENERIC);
+        CHECK(pyllm_attention_batch(&call, 1, N_HEAD, N_HEAD_KV, D, 0.2f, 10, 0.0f, 2) == PYLLM_OK, "generic %d", ti);
+        for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+            if (!tier_runs(tier)) continue;
+            pyllm_set_tier(tier);
+            call.out = got;
+            CHECK(pyllm_attention_batch(&call, 1, N_HEAD, N_HEAD_KV, D, 0.2f, 10, 0.0f, 2) == PYLLM_OK &&
+                      memcmp(ref, got, sizeof(ref)) == 0, "quantized cache %d: tier %s differs", ti, pyllm_tier_name(tier));
+        }
+        pyllm_set_tier(saved);
+        pyllm_attention_call rows[M];
+        for (int r = 0; r < M; ++r) {
+            rows[r] = (pyllm_attention_call){q + r * N_HEAD * D, k, v, qpos + r, positions, 1, CAP, got + r * N_HEAD * D,
+                                             types[ti][0], types[ti][1]};
+        }
+        memset(got, 0, sizeof(got));
+        CHECK(pyllm_attention_batch(rows, M, N_HEAD, N_HEAD_KV, D, 0.2f, 10, 0.0f, 3) == PYLLM_OK &&
+                  memcmp(ref, got, sizeof(ref)) == 0, "quantized cache %d: rows alone differ from the blocks", ti);
+    }
+    const pyllm_attention_call odd = {q, k, v, pos, positions, 1, CAP, got, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0};
+    CHECK(pyllm_attention_batch(&odd, 1, N_HEAD, N_HEAD_KV, 48, 0.2f, 0, 0.0f, 1) == PYLLM_ERR_TYPE, "48-wide heads");
+    const pyllm_kv_layer bad = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_Q2_K, PYLLM_TYPE_F16};
+    CHECK(pyllm_kv_store(&bad, pos, kin, vin, 1) == PYLLM_ERR_TYPE, "a q2_K cache");
+}
+
 int main(void) {
     printf("cpu tier: %s\n", pyllm_tier_name(pyllm_cpu_best_tier()));
     test_pool_team_sizes();
@@ -614,6 +659,7 @@ int main(void) {
     test_prompt_attention_is_row_attention();
     test_op_kernels_agree();
     test_kv_cache_layer();
+    test_quantized_cache_attention();
     test_top_k();
     test_string_index();
     test_scratch();
