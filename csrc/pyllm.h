@@ -192,9 +192,9 @@ int pyllm_attention(const float *q, const uint16_t *k, const uint16_t *v, const 
  * keys and values rows of type k_type / v_type: PYLLM_TYPE_F16 both, or a quantized cache, see
  * pyllm_kv_type_valid; a row holds n_head_kv * d elements). A quantized cache has its own arithmetic, the same
  * in every tier and for every batching: each score is the key type's vec_dot of the key and the query in that
- * type's activation format (llama.cpp's for a quantized cache), the softmax as above, and the weighted sum of
- * the values dequantized to float, one element a chain of multiply-then-add in slot order (a zero weight
- * skipped). */
+ * type's activation format (llama.cpp's for a quantized cache), the softmax as above; half-precision values
+ * summed as above, quantized ones with the weights not rounded, dequantized to float, one element a chain of
+ * multiply-then-add in slot order (a zero weight skipped). */
 typedef struct {
     const float *q;
     const void *k, *v;

@@ -128,7 +128,8 @@ struct pyllm_kernel_set {
  * scale_max:    s[i] *= scale, returning the largest (NaN skipped; -INFINITY if none; either zero on a tie of
  *               zeros);
  * scale_row:    y[i] = (x[i] * scale) * w[i], or x[i] * scale where w is NULL (rms_norm's last step; y may be x);
- * add_scaled:   y[i] = y[i] + w * x[i], the product rounded first (a quantized cache's weighted sum of values). */
+ * add_scaled:   y[i] = y[i] + w * x[i], the product rounded first (a quantized cache's weighted sum of values);
+ * softmax:      softmax_half's weights, not rounded to half precision (e * (float)(1 / sum)). */
 typedef struct {
     void (*dots)(const float *q, const fp16_t *k, int64_t stride, int64_t n, int64_t d, float *out);
     void (*softmax_half)(float *s, int64_t n, float max);
@@ -144,6 +145,7 @@ typedef struct {
     void (*scale_row)(const float *x, const float *w, float *y, int64_t n, float scale);
     void (*add_scaled)(float *y, float w, const float *x, int64_t n);
     dequantize_row_fn dequantize_q8_0, dequantize_q4_0;  /* the reference dequantizers' bits */
+    void (*softmax)(float *s, int64_t n, float max);
 } op_kernels;
 
 /* A prompt's attention (ops/attention.c: a block of queries against one kv head's keys and values, converted once),

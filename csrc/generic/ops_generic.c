@@ -39,7 +39,8 @@ static void dots_generic(const float *q, const fp16_t *k, int64_t stride, int64_
     }
 }
 
-static void softmax_half_generic(float *s, int64_t n, float max) {
+/* softmax_half's exponentials and their sum's inverse, in place of the scores */
+static float softmax_exps_generic(float *s, int64_t n, float max) {
     double sum = 0.0;
     for (int64_t g = 0; g < n; g += 8) {
         float e[8] = {0};
@@ -49,8 +50,17 @@ static void softmax_half_generic(float *s, int64_t n, float max) {
         }
         sum += (double)reduce_lanes8(e);
     }
-    const float inv = (float)(1.0 / sum);
+    return (float)(1.0 / sum);
+}
+
+static void softmax_half_generic(float *s, int64_t n, float max) {
+    const float inv = softmax_exps_generic(s, n, max);
     for (int64_t t = 0; t < n; ++t) s[t] = fp16_to_fp32(fp32_to_fp16(s[t] * inv));
+}
+
+static void softmax_generic(float *s, int64_t n, float max) {
+    const float inv = softmax_exps_generic(s, n, max);
+    for (int64_t t = 0; t < n; ++t) s[t] = s[t] * inv;
 }
 
 static void weighted_sum_generic(const float *p, const fp16_t *v, int64_t stride, int64_t n, int64_t d,
@@ -130,4 +140,4 @@ const op_kernels op_kernels_generic = {dots_generic, softmax_half_generic, weigh
                                        quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
                                        geglu_generic, to_half_generic, round_half_generic, rope_head_generic, argmax_generic,
                                        scale_max_generic, scale_row_generic, add_scaled_generic,
-                                       dequantize_q8_0_generic, dequantize_q4_0_generic};
+                                       dequantize_q8_0_generic, dequantize_q4_0_generic, softmax_generic};

@@ -30,7 +30,7 @@ typedef struct {
     int blocks;                              /* the rows go PREFILL_QUERY_BLOCK at a time (attend_block or
                                                 attend_quantized) */
     const pyllm_kernel_set *k_set;           /* a quantized cache's (attend_quantized): its keys' vec_dot */
-    dequantize_row_fn v_to_float;            /* and its values' conversion */
+    dequantize_row_fn v_to_float;            /* and its values' conversion (NULL: half precision) */
     int64_t k_slot_bytes, v_slot_bytes, k_head_bytes, v_head_bytes;
 } attention_job;
 
@@ -257,13 +257,16 @@ static int64_t block_scratch_floats(int64_t n_kv, int64_t d, int64_t group) {
  * A quantized cache (pyllm_attention_call): query rows r0..r1 - 1, heads h0 .. h0 + n_heads - 1 of one kv head,
  * every (row, head) pair computed alone, so any grouping of rows and heads gives the same bits: its query in the
  * key type's activation format; each visible key's score the key type's vec_dot, scaled (and capped); the softmax
- * of attend_heads from the group of 8 of the row's first visible slot; then each slot's value dequantized once and
- * added into every pair's output, weight times value then the add, in slot order. The keys and values are read in
- * place, each once for all the pairs. scratch: 64-byte aligned, quantized_scratch_floats.
+ * of attend_heads from the group of 8 of the row's first visible slot. Half-precision values then go as in
+ * attend_heads (so quantized keys beside them are llama.cpp's arithmetic without flash attention); quantized
+ * values take the weights unrounded, each slot's value dequantized once and added into every pair's output,
+ * weight times value then the add, in slot order. The keys and values are read in place, each once for all the
+ * pairs. scratch: 64-byte aligned, quantized_scratch_floats.
  */
 static void attend_quantized(const attention_job *job, int64_t r0, int64_t r1, int64_t h0, int64_t n_heads,
                              float *scratch) {
     const int64_t d = job->d, rows = r1 - r0, pairs = rows * n_heads, hk = h0 / (job->n_head / job->n_head_kv);
+    const int64_t stride = job->n_head_kv * d;  /* half-precision values' */
     const pyllm_kernel_set *kset = job->k_set;
     pair_span *spans = (pair_span *)scratch;  /* each row's visible slots, then (first rounded down) its softmax's */
     int64_t first = job->n_kv, last = -1;
@@ -311,7 +314,19 @@ static void attend_quantized(const attention_job *job, int64_t r0, int64_t r1, i
             }
             s[t - t0] = score;
         }
-        job->kernels->softmax_half(s + (begin - t0), span->last + 1 - begin, max);
+        if (job->v_to_float == NULL) job->kernels->softmax_half(s + (begin - t0), span->last + 1 - begin, max);
+        else job->kernels->softmax(s + (begin - t0), span->last + 1 - begin, max);
+    }
+    if (job->v_to_float == NULL) {  /* half-precision values: attend_heads' weighted sum */
+        for (int64_t p = 0; p < pairs; ++p) {
+            const pair_span *span = &spans[p / n_heads];
+            if (span->last < span->first) continue;
+            const int64_t begin = span->first / 8 * 8;
+            job->kernels->weighted_sum(scores + p * n16 + begin - t0, (const fp16_t *)job->v + begin * stride + hk * d,
+                                       stride, span->last + 1 - begin, d,
+                                       job->out + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d);
+        }
+        return;
     }
     const char *values = (const char *)job->v + hk * job->v_head_bytes;
     for (int64_t t = t0; t <= last; ++t) {
@@ -445,7 +460,8 @@ static int make_jobs(const pyllm_attention_call *calls, int n_calls, int64_t n_h
         jobs[j] = (attention_job){c->q, c->k, c->v, c->qpos, c->kpos, c->m, c->n_kv, n_head, n_head_kv, d, scale,
                                   softcap, window, c->out, ops->ops, blocks && !quantized ? ops->prompt : NULL,
                                   quantized ? NULL : group, 1, blocks, quantized ? pyllm_kernels(c->k_type) : NULL,
-                                  c->v_type == PYLLM_TYPE_Q8_0   ? ops->ops->dequantize_q8_0
+                                  c->v_type == PYLLM_TYPE_F16    ? NULL
+                                  : c->v_type == PYLLM_TYPE_Q8_0 ? ops->ops->dequantize_q8_0
                                   : c->v_type == PYLLM_TYPE_Q4_0 ? ops->ops->dequantize_q4_0
                                                                  : dequantize_table[c->v_type],
                                   type_row_bytes(c->k_type, n_head_kv * d),

@@ -90,7 +90,8 @@ static inline __m256 exp_ggml8(__m256 x) {
     return _mm256_blendv_ps(scaled, _mm256_mul_ps(s1, s1), huge);
 }
 
-static void softmax_half_avx2(float *s, int64_t n, float max) {
+/* softmax_half's exponentials and their sum's inverse, in place of the scores */
+static float softmax_exps_avx2(float *s, int64_t n, float max) {
     const __m256 vmax = _mm256_set1_ps(max), masked_score = _mm256_set1_ps(-INFINITY);
     double sum = 0.0;
     for (int64_t g = 0; g < n; g += 8) {
@@ -109,13 +110,25 @@ static void softmax_half_avx2(float *s, int64_t n, float max) {
         if (len < 8) for (int64_t l = 0; l < len; ++l) s[g + l] = pad[l];
         sum += (double)lanes_total(e);
     }
-    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    return (float)(1.0 / sum);
+}
+
+static void softmax_half_avx2(float *s, int64_t n, float max) {
+    const __m256 inv = _mm256_set1_ps(softmax_exps_avx2(s, n, max));
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
         const __m128i half = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(s + t), inv), _MM_FROUND_TO_NEAREST_INT);
         _mm256_storeu_ps(s + t, _mm256_cvtph_ps(half));
     }
     for (; t < n; ++t) s[t] = _cvtsh_ss(_cvtss_sh(s[t] * _mm256_cvtss_f32(inv), _MM_FROUND_TO_NEAREST_INT));
+}
+
+static void softmax_avx2(float *s, int64_t n, float max) {
+    const float inv = softmax_exps_avx2(s, n, max);
+    const __m256 inv8 = _mm256_set1_ps(inv);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv8));
+    for (; t < n; ++t) s[t] = s[t] * inv;
 }
 
 /* 8 output dims at a time, the 8 slot lanes in registers across all the values. */
@@ -440,6 +453,7 @@ static void dequantize_q4_0_avx2(const void *blocks, float *y, int64_t n) {
 const op_kernels op_kernels_avx2 = {attention_dots_avx2, softmax_half_avx2, weighted_sum_avx2, swiglu_avx2,
                                      quantize_q8_0_avx2, quantize_q8_1_avx2, quantize_q8_K_avx2, geglu_avx2,
                                      to_half_avx2, round_half_avx2, rope_head_avx2, argmax_avx2, scale_max_avx2, scale_row_avx2,
-                                     add_scaled_avx2, dequantize_q8_0_avx2, dequantize_q4_0_avx2};
+                                     add_scaled_avx2, dequantize_q8_0_avx2, dequantize_q4_0_avx2,
+                                     softmax_avx2};
 
 #endif
