@@ -224,7 +224,19 @@ typedef struct {
     int64_t capacity, k_row, v_row;
     int ring;
     int k_type, v_type;
+    int k_rot, v_rot;     /* 0, or the keys (values) are kept rotated by pyllm_hadamard in chunks of this size */
 } pyllm_kv_layer;
+
+/* The chunk of the Walsh-Hadamard rotation llama.cpp applies to a quantized cache's keys (and the queries) or
+ * values (and the attention's output) of heads of d elements before they are quantized, which spreads an outlier
+ * over the chunk: 0 (none) for a half-precision cache or d not a multiple of 64; else keys: the largest power of
+ * two >= 64 dividing d, values: 64. */
+int pyllm_kv_rotation(int type, int64_t d, int for_values);
+
+/* x[n_chunks][n] <- each chunk times the orthonormal Walsh-Hadamard matrix of size n (a power of two), as
+ * llama.cpp's CPU backend computes it: scaled by 1 / sqrtf(n) first, then butterflies (u + v, u - v) over strides
+ * 1, 2, 4, ... The matrix is its own inverse. */
+void pyllm_hadamard(float *x, int64_t n_chunks, int64_t n);
 
 /* Write m tokens' keys k[m, k_row] and values v[m, v_row] at positions pos[m], converted to the cache's types
  * (rounded to half precision; quantized as llama.cpp quantizes a cache row). PYLLM_ERR_TYPE: a type the cache

@@ -387,6 +387,18 @@ def gated_activation(gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
     return out
 
 
+def hadamard(x: np.ndarray, n: int) -> np.ndarray:
+    """x (float32, its size a multiple of n, a power of two) with each run of n elements rotated by the
+    orthonormal Walsh-Hadamard matrix, as llama.cpp rotates a quantized cache's keys and values (a copy)."""
+    if x.dtype != np.float32:
+        raise KernelError("hadamard: x must be float32")
+    if n < 2 or n & (n - 1) or x.size % n:
+        raise KernelError(f"hadamard: chunks of {n} (a power of two) over {x.size} elements")
+    out = np.array(x, dtype=np.float32, order="C")
+    lib.pyllm_hadamard(_fptr(out), out.size // n, n)
+    return out
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, k_positions: np.ndarray,
               scale: float, window: int = 0, softcap: float = 0.0, n_threads: int | None = None,
               type_k: int = GGMLType.F16, type_v: int = GGMLType.F16) -> np.ndarray:

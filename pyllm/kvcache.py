@@ -68,6 +68,8 @@ class LayerCache:
     type_v: GGMLType = GGMLType.F16
     k_row: int = 0          # elements of a slot's keys (n_head_kv * head_dim); 0: k[0].size (f16)
     v_row: int = 0
+    k_rot: int = 0          # keys (and queries) rotated in chunks of this size before they are stored (C's
+    v_rot: int = 0          # pyllm_kv_rotation); values likewise, and the attention's output rotated back
 
     def __post_init__(self) -> None:
         self.k_row = self.k_row or self.k[0].size
@@ -76,7 +78,7 @@ class LayerCache:
             "k": ffi.from_buffer(self.k), "v": ffi.from_buffer(self.v),
             "positions": ffi.from_buffer("int32_t[]", self.positions), "capacity": len(self.positions),
             "k_row": self.k_row, "v_row": self.v_row, "ring": int(self.ring),
-            "k_type": int(self.type_k), "v_type": int(self.type_v)})
+            "k_type": int(self.type_k), "v_type": int(self.type_v), "k_rot": self.k_rot, "v_rot": self.v_rot})
 
     @property
     def capacity(self) -> int:
@@ -121,6 +123,8 @@ class KVCache:
                 positions=np.full(capacity, -1, np.int32),
                 ring=ring, type_k=self.type_k, type_v=self.type_v,
                 k_row=cfg.n_head_kv * cfg.head_dim, v_row=cfg.n_head_kv * cfg.head_dim_v,
+                k_rot=lib.pyllm_kv_rotation(int(self.type_k), cfg.head_dim, 0),
+                v_rot=lib.pyllm_kv_rotation(int(self.type_v), cfg.head_dim_v, 1),
             ))
         self.c_layers = ffi.new("pyllm_kv_layer *[]", [layer.c for layer in self.layers])  # for pyllm_blocks_forward
 

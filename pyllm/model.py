@@ -388,11 +388,19 @@ class Model:
         attn = np.empty((m, cfg.n_head, cfg.head_dim_v), np.float32)
         for seg in segments:
             rows = seg.rows
+            rot = seg.cache.layers[i]
+            if rot.k_rot:  # a quantized cache's rotations (see KVCache)
+                q[rows] = kernels.hadamard(q[rows], rot.k_rot)
+                k[rows] = kernels.hadamard(k[rows], rot.k_rot)
+            if rot.v_rot:
+                v[rows] = kernels.hadamard(v[rows], rot.v_rot)
             seg.cache.store(i, seg.positions, k[rows], v[rows])
             k_all, v_all, k_pos = seg.cache.visible(i, int(seg.positions[-1]) + 1)
             attn[rows] = kernels.attention(np.ascontiguousarray(q[rows]), k_all, v_all, seg.positions, k_pos,
                                            score_scale, window, n_threads=self.n_threads, type_k=seg.cache.type_k,
                                            type_v=seg.cache.type_v)
+            if rot.v_rot:
+                attn[rows] = kernels.hadamard(attn[rows], rot.v_rot)
         o = self._matmul(layer.wo, attn.reshape(m, -1))
         if layer.post_attn_norm is not None:
             o = kernels.rms_norm(o, layer.post_attn_norm, cfg.norm_eps)

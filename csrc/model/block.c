@@ -171,6 +171,11 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
         const pyllm_segment *seg = &segments[si];
         const pyllm_kv_layer *kv = seg->kv[layer];
         const int64_t r0 = seg->row0, n = seg->n_rows;
+        if (kv->k_rot) {  /* a quantized cache's rotations (pyllm_kv_rotation): q.k is unchanged by them */
+            pyllm_hadamard(s->q + r0 * q_row, n * q_row / kv->k_rot, kv->k_rot);
+            pyllm_hadamard(s->k + r0 * kv_row, n * kv_row / kv->k_rot, kv->k_rot);
+        }
+        if (kv->v_rot) pyllm_hadamard(s->v + r0 * kv_row, n * kv_row / kv->v_rot, kv->v_rot);
         status = pyllm_kv_store(kv, seg->positions, s->k + r0 * kv_row, s->v + r0 * kv_row, n);
         if (status != PYLLM_OK) return status;
         const int64_t n_visible = kv->ring ? kv->capacity : (int64_t)seg->positions[n - 1] + 1;
@@ -180,6 +185,10 @@ static int attention_block(const pyllm_block_config *cfg, const pyllm_block *b, 
     status = pyllm_attention_batch(s->calls, n_segments, cfg->n_head, cfg->n_head_kv, cfg->head_dim, score_scale,
                                    b->window, 0.0f, n_threads);  /* all sequences' attention in one task */
     if (status != PYLLM_OK) return status;
+    for (int si = 0; si < n_segments; ++si) {  /* rotated values give a rotated output: rotated back */
+        const pyllm_kv_layer *kv = segments[si].kv[layer];
+        if (kv->v_rot) pyllm_hadamard(s->attn + segments[si].row0 * q_row, segments[si].n_rows * q_row / kv->v_rot, kv->v_rot);
+    }
     status = pyllm_matmul(&b->wo, s->attn, m, s->h, n_threads);  /* h is free again: the output goes there */
     if (status != PYLLM_OK) return status;
     if (b->post_attn_norm.data) status = rms_norm_rows(s->h, b->post_attn_norm.data, s->h, m, cfg->n_embd, cfg->norm_eps, n_threads);
@@ -255,6 +264,7 @@ static int segments_fit(const pyllm_block_config *cfg, int n_layer, int64_t m, c
         for (int i = 0; i < n_layer; ++i) {
             const pyllm_kv_layer *kv = seg->kv[i];
             if (kv == NULL || kv->k_row != kv_row || kv->v_row != kv_row) return 0;
+            if ((kv->k_rot && cfg->head_dim % kv->k_rot) || (kv->v_rot && cfg->head_dim % kv->v_rot)) return 0;
             if (!kv->ring && seg->positions[seg->n_rows - 1] >= kv->capacity) return 0;
         }
         rows += seg->n_rows;

@@ -26,6 +26,14 @@ int pyllm_kv_type_valid(int type, int64_t d) {
     }
 }
 
+int pyllm_kv_rotation(int type, int64_t d, int for_values) {
+    if (type == PYLLM_TYPE_F16 || !pyllm_kv_type_valid(type, d) || d % 64 != 0) return 0;
+    if (for_values) return 64;
+    int64_t n = 64;
+    while (d % (2 * n) == 0) n *= 2;
+    return (int)n;
+}
+
 /* A row of n floats into a cache row of `type`: half precision, or llama.cpp's conversion of a cache row (q8_0
  * through the activation quantizer, as its x86 build's from_float; the others their reference quantizers). */
 static void row_to_cache(int type, const float *x, void *row, int64_t n) {
@@ -35,9 +43,14 @@ static void row_to_cache(int type, const float *x, void *row, int64_t n) {
     else quantize_table[type](x, row, n);
 }
 
+static int rotation_valid(int rot, int64_t row) {
+    return rot == 0 || (rot >= 2 && (rot & (rot - 1)) == 0 && row % rot == 0);
+}
+
 static int layer_valid(const pyllm_kv_layer *layer) {
     return layer->capacity > 0 && pyllm_kv_type_valid(layer->k_type, layer->k_row) &&
-           pyllm_kv_type_valid(layer->v_type, layer->v_row);
+           pyllm_kv_type_valid(layer->v_type, layer->v_row) && rotation_valid(layer->k_rot, layer->k_row) &&
+           rotation_valid(layer->v_rot, layer->v_row);
 }
 
 int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float *k, const float *v, int64_t m) {
@@ -58,7 +71,8 @@ int pyllm_kv_store(const pyllm_kv_layer *layer, const int32_t *pos, const float 
 int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discard, int64_t n_heads_kv,
                    int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, int neox) {
     if (!layer_valid(layer)) return PYLLM_ERR_TYPE;
-    if (n_keep < 0 || n_discard <= 0 || n_heads_kv * head_dim != layer->k_row || !pyllm_rope_dims_valid(n_rot, head_dim)) {
+    if (n_keep < 0 || n_discard <= 0 || n_heads_kv * head_dim != layer->k_row || !pyllm_rope_dims_valid(n_rot, head_dim) ||
+        (layer->k_rot && head_dim % layer->k_rot)) {
         return PYLLM_ERR_SHAPE;
     }
     const int64_t cap = layer->capacity;
@@ -84,7 +98,11 @@ int pyllm_kv_shift(const pyllm_kv_layer *layer, int32_t n_keep, int32_t n_discar
         if (p < 0 || (p >= n_keep && p < n_keep + n_discard)) continue;
         float *kr = k + n * layer->k_row;
         dequantize_table[layer->k_type]((const char *)layer->k + s * k_bytes, kr, layer->k_row);
-        if (p >= n_keep) pyllm_rope_rotate(kr, cos_sin, 1, n_heads_kv, head_dim, n_rot, neox);
+        if (p >= n_keep) {  /* a rotated key: back, rope, and rotated again */
+            if (layer->k_rot) pyllm_hadamard(kr, layer->k_row / layer->k_rot, layer->k_rot);
+            pyllm_rope_rotate(kr, cos_sin, 1, n_heads_kv, head_dim, n_rot, neox);
+            if (layer->k_rot) pyllm_hadamard(kr, layer->k_row / layer->k_rot, layer->k_rot);
+        }
         memcpy(v + n * v_bytes, (const char *)layer->v + s * v_bytes, (size_t)v_bytes);
         new_pos[n++] = p >= n_keep ? p - n_discard : p;
     }

@@ -113,3 +113,19 @@ void pyllm_geglu(const float *gate, const float *up, float *y, int64_t n) {
     pthread_once(&gelu_half_once, fill_gelu_half);
     active_ops()->ops->geglu(gelu_half, gate, up, y, n);
 }
+
+void pyllm_hadamard(float *x, int64_t n_chunks, int64_t n) {
+    const float scale = 1.0f / sqrtf((float)n);
+    for (int64_t c = 0; c < n_chunks; ++c, x += n) {
+        for (int64_t j = 0; j < n; ++j) x[j] = x[j] * scale;
+        for (int64_t len = 1; len < n; len <<= 1) {
+            for (int64_t i = 0; i < n; i += 2 * len) {
+                for (int64_t j = i; j < i + len; ++j) {
+                    const float u = x[j], v = x[j + len];
+                    x[j] = u + v;
+                    x[j + len] = u - v;
+                }
+            }
+        }
+    }
+}
