@@ -259,3 +259,19 @@ def test_info_and_chat_stats_show_the_cache_memory(smollm2_path: Path) -> None:
     assert (used, types) == (full, "q8_0") and full == sizes["q8_0"]["4096"]
     assert any(f"/{full / 2**20:.1f} MiB q8_0" in line for line in lines), lines
     llm.close()
+
+
+def test_hadamard_rotation_is_the_orthonormal_walsh_matrix() -> None:
+    """kernels.hadamard against the Sylvester matrix built by numpy; applied twice it gives x back."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 128)).astype(np.float32)
+    for n in (64, 128):
+        h = np.array([[1.0]])
+        while len(h) < n:
+            h = np.kron(np.array([[1.0, 1.0], [1.0, -1.0]]), h)
+        want = (x.reshape(-1, n).astype(np.float64) @ h / np.sqrt(n)).reshape(x.shape)
+        got = kernels.hadamard(x, n)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(kernels.hadamard(got, n), x, rtol=1e-5, atol=1e-5)
+    with pytest.raises(kernels.KernelError, match="power of two"):
+        kernels.hadamard(x, 48)
