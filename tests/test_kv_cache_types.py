@@ -275,3 +275,27 @@ def test_hadamard_rotation_is_the_orthonormal_walsh_matrix() -> None:
         np.testing.assert_allclose(kernels.hadamard(got, n), x, rtol=1e-5, atol=1e-5)
     with pytest.raises(kernels.KernelError, match="power of two"):
         kernels.hadamard(x, 48)
+
+
+def test_prefix_reuse_and_parallel_sequences_over_a_quantized_cache(smollm2_path: Path) -> None:
+    """A prompt that reuses a cached prefix, and two sequences decoded together, give the tokens of a lone
+    run from an empty cache (the prefix's slots are copied block for block)."""
+    import threading
+
+    prompt = "List three fruits and three vegetables, one per line:"
+    alone = Llama(str(smollm2_path), n_ctx=256, type_k="q4_0", type_v="q8_0")
+    want = alone.create_completion(prompt, max_tokens=12, temperature=0)["choices"][0]["text"]
+    alone.close()
+    llm = Llama(str(smollm2_path), n_ctx=256, n_parallel=2, type_k="q4_0", type_v="q8_0")
+    first = llm.create_completion(prompt, max_tokens=12, temperature=0)
+    again = llm.create_completion(prompt, max_tokens=12, temperature=0)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        llm.create_completion(prompt, max_tokens=12, temperature=0)["choices"][0]["text"])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [first["choices"][0]["text"], again["choices"][0]["text"], *results] == [want] * 4
+    llm.close()
