@@ -88,7 +88,7 @@ def test_chat_commands_in_a_terminal(smollm2, smollm2_path, tmp_path) -> None:
     n_prompt, n_reply = api["usage"]["prompt_tokens"], api["usage"]["completion_tokens"]
     assert re.fullmatch(rf"prompt {n_prompt} tok \(0 cached\) \| prefill {n_prompt} tok, [0-9.]+ tok/s, TTFT \d+ ms "
                         rf"\| decode {n_reply} tok, [0-9.]+ tok/s, TPOT [0-9.]+ ms \| KV cache "
-                        rf"{n_prompt + n_reply}/4096 tok\n", stats), stats
+                        rf"{n_prompt + n_reply}/4096 tok, [0-9.]+/90.5 MiB f16\n", stats), stats
 
     # multi-line input: a triple-quoted block and a trailing backslash
     child.sendline('"""')
@@ -137,7 +137,8 @@ def test_chat_stats_flag_prints_tokens_after_each_reply(smollm2_path, tmp_path) 
     for shown in (first, second):
         stats = shown.splitlines()[-1]
         assert re.fullmatch(r"\[prompt \d+ tok \(\d+ cached\) \| prefill \d+ tok, [0-9.]+ tok/s, TTFT \d+ ms \| "
-                            r"decode 4 tok, [0-9.]+ tok/s, TPOT [0-9.]+ ms \| KV cache \d+/4096 tok\]", stats), stats
+                            r"decode 4 tok, [0-9.]+ tok/s, TPOT [0-9.]+ ms \| KV cache \d+/4096 tok, [0-9.]+/[0-9.]+ MiB f16\]",
+                            stats), stats
     assert "nan" not in first + second and "chunks" not in first + second
     assert re.search(r"\((\d+) cached\)", second.splitlines()[-1]).group(1) != "0"
     child.sendeof()
