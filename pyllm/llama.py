@@ -349,7 +349,7 @@ class Llama:
         # the last completion's requests: the context save_state saves is the cache the last of them left
         self._last_requests: list[Request] = []
         self._model_id: str | None = None
-        self._embed_lock = threading.Lock()
+        self._eval_lock = threading.Lock()  # eval's forward passes, one at a time (each takes every thread)
         # eval / sample / generate's context (llama-cpp-python's low-level API), apart from the engine's
         self.n_tokens = 0
         self._eval_cache: KVCache | None = None
@@ -512,23 +512,36 @@ class Llama:
         them for a list; with return_count, (embeddings, prompt tokens). Each is the inputs' last hidden states
         pooled (self.pooling) and, with normalize, of unit L2 norm. An input longer than n_ctx is cut to it with
         truncate, otherwise refused."""
-        model = self._require_model()
+        self._require_model()
         normalize, truncate = check.boolean("normalize", normalize), check.boolean("truncate", truncate)
         inputs, single = self._embedding_inputs(input)
-        vectors, count = [], 0
         for i, tokens in enumerate(inputs):
             if len(tokens) > self._n_ctx:
                 if not truncate:
                     raise ContextFullError(f"input{'' if single else f'[{i}]'}: {len(tokens)} tokens exceed the "
                                            f"context of {self._n_ctx}", "input")
-                tokens = tokens[:self._n_ctx]
-            with self._embed_lock:  # one at a time: each takes every thread
-                hidden = model.hidden_states(tokens, model.new_cache(len(tokens), min(len(tokens),
-                                                                                      self.prefill_chunk)))
-            vectors.append(pool(hidden, self.pooling, normalize).tolist())
-            count += len(tokens)
+                inputs[i] = tokens[:self._n_ctx]
+        # every input read by the engine, in the same steps as the generations (and each other) where slots allow
+        requests: list[Request] = []
+        try:
+            for tokens in inputs:
+                requests.append(self.engine.submit_embedding(tokens))
+            vectors = [pool(self._hidden_states(request), self.pooling, normalize).tolist() for request in requests]
+        finally:
+            for request in requests:
+                request.cancel()
+        count = sum(len(tokens) for tokens in inputs)
         result = vectors[0] if single else vectors
         return (result, count) if return_count else result
+
+    @staticmethod
+    def _hidden_states(request: Request) -> np.ndarray:
+        """An embedding request's hidden states (raising what the engine raised for it)."""
+        event = request.next_event()
+        if isinstance(event, BaseException):
+            raise event
+        assert isinstance(event, np.ndarray)
+        return event
 
     def create_embedding(self, input: str | list[str] | list[int] | list[list[int]], model: str | None = None
                          ) -> dict[str, Any]:
@@ -616,7 +629,7 @@ class Llama:
         if cache.n_used != self.n_tokens:  # a sliding window could not go back: read the context again
             cache.clear()
             tokens, self.n_tokens = self._input_ids.tolist() + tokens, 0
-        with self._embed_lock:
+        with self._eval_lock:
             out = model.prefill(tokens, cache, logits=Logits.ALL if self.logits_all else Logits.LAST)
         start, end = self.n_tokens, self.n_tokens + len(tokens)
         self.input_ids[start:end] = tokens

@@ -143,6 +143,7 @@ class Logits(StrEnum):
     ALL = "all"    # every row's, (n, n_vocab): scoring a prompt (perplexity), the reference tests
     LAST = "last"  # the last row's, (n_vocab,): the next token, after a prefill or a decode step
     NONE = "none"  # none: a prompt's earlier chunks, which only fill the cache
+    HIDDEN = "hidden"  # every row's last hidden state after the output norm, (n, n_embd): an embedding's input
 
 
 @dataclass
@@ -156,7 +157,7 @@ class _Segment:
 
     def wanted(self) -> range:
         """The batch rows whose logits the segment asks for."""
-        if self.logits == Logits.ALL:
+        if self.logits in (Logits.ALL, Logits.HIDDEN):
             return range(self.rows.start, self.rows.stop)
         return range(self.rows.stop - 1, self.rows.stop) if self.logits == Logits.LAST else range(0)
 
@@ -287,18 +288,37 @@ class Model:
     def forward_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache, Logits | str]]) -> list[np.ndarray | None]:
         """One forward pass over the rows of several sequences, each continuing its own cache.
 
-        seqs: (tokens, cache, logits) per sequence, logits a Logits (or its value "all" | "last" | "none"), at most
-        cache.max_batch tokens each. Matmuls run once over all rows; attention per sequence.
-        Each sequence's logits are bit-identical to running it alone.
+        seqs: (tokens, cache, logits) per sequence, logits a Logits (or its value "all" | "last" | "none" |
+        "hidden"), at most cache.max_batch tokens each. Matmuls run once over all rows; attention per sequence.
+        Each sequence's logits (or hidden states) are bit-identical to running it alone.
         """
         segments = self._segments(seqs)
-        out = self._forward(segments)
+        hidden = [seg for seg in segments if seg.logits == Logits.HIDDEN]
+        if not hidden:
+            return self._split(segments, self._forward(segments))
+        states = self._forward(segments, project=False)  # the output matrix then runs on the rows that want logits
+        results = self._split(segments, states)
+        logit_rows = [j for j, seg in enumerate(segments) if seg.logits in (Logits.ALL, Logits.LAST)]
+        if logit_rows:
+            projected = self._matmul(self.weights.output, np.concatenate(
+                [np.atleast_2d(results[j]) for j in logit_rows]))
+            start = 0
+            for j in logit_rows:
+                n = len(segments[j].wanted())
+                results[j] = projected[start:start + n] if segments[j].logits == Logits.ALL else projected[start]
+                start += n
+        return results
+
+    @staticmethod
+    def _split(segments: list[_Segment], out: np.ndarray) -> list[np.ndarray | None]:
+        """The rows of `out` (the segments' wanted rows in order) back to their segments: an array of rows for
+        ALL and HIDDEN, one row for LAST, None for NONE."""
         results: list[np.ndarray | None] = [None] * len(segments)
         start = 0
         for j, seg in enumerate(segments):
             n = len(seg.wanted())
             if n:
-                results[j] = out[start:start + n] if seg.logits == Logits.ALL else out[start]
+                results[j] = out[start:start + n] if seg.logits in (Logits.ALL, Logits.HIDDEN) else out[start]
                 start += n
         return results
 
@@ -341,7 +361,7 @@ class Model:
             try:
                 wanted = Logits(logits)
             except ValueError:
-                raise ValueError(f"logits must be 'all', 'last' or 'none', not {logits!r}") from None
+                raise ValueError(f"logits must be 'all', 'last', 'none' or 'hidden', not {logits!r}") from None
             positions = np.arange(cache.n_used, cache.n_used + n, dtype=np.int32)
             segments.append(_Segment(slice(row, row + n), tokens, positions, cache, wanted))
             row += n

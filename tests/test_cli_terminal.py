@@ -137,8 +137,8 @@ def test_chat_stats_flag_prints_tokens_after_each_reply(smollm2_path, tmp_path) 
     for shown in (first, second):
         stats = shown.splitlines()[-1]
         assert re.fullmatch(r"\[prompt \d+ tok \(\d+ cached\) \| prefill \d+ tok, [0-9.]+ tok/s, TTFT \d+ ms \| "
-                            r"decode 4 tok, [0-9.]+ tok/s, TPOT [0-9.]+ ms \| KV cache \d+/4096 tok, [0-9.]+/[0-9.]+ MiB f16\]",
-                            stats), stats
+                            r"decode 4 tok, [0-9.]+ tok/s, TPOT [0-9.]+ ms \| KV cache \d+/4096 tok, "
+                            r"[0-9.]+/[0-9.]+ MiB f16\]", stats), stats
     assert "nan" not in first + second and "chunks" not in first + second
     assert re.search(r"\((\d+) cached\)", second.splitlines()[-1]).group(1) != "0"
     child.sendeof()

@@ -101,3 +101,36 @@ def test_embeddings_over_http(smollm2: Llama) -> None:
             assert (reply.json()["error"]["param"] or "").startswith(param), (body, reply.json())
     finally:
         server.stop()
+
+
+def test_embeddings_share_the_engines_steps_with_generations(smollm2_path) -> None:
+    """Inputs embedded while a generation runs are read in the engine's steps, beside it and each other (two
+    slots, a 16-token prefill chunk: several steps each): every vector is the bits of that input's hidden states
+    computed alone, and the generation's tokens are those it gets alone."""
+    import threading
+
+    from pyllm.embeddings import pool
+    from pyllm.serve.engine import Request
+
+    texts = ["The cat sat on the mat and looked at the birds outside.", "Quantized matrix multiplication",
+             "A third sentence, long enough to take a few chunks of sixteen tokens when it is read."]
+    llm = Llama(str(smollm2_path), n_ctx=256, n_threads=2, n_parallel=2, prefill_chunk=16)
+    assert llm.model is not None
+    alone = [pool(llm.model.hidden_states(llm.tokenize(t.encode()), llm.model.new_cache(256, 16)), llm.pooling,
+                  True) for t in texts]
+    want = llm.create_completion("Once upon a time", max_tokens=24, temperature=0)["choices"][0]["text"]
+    seen: list[Request] = []
+    submit = llm.engine.submit_embedding
+    llm.engine.submit_embedding = lambda tokens: seen.append(submit(tokens)) or seen[-1]  # type: ignore[method-assign]
+    generated: list[str] = []
+    worker = threading.Thread(target=lambda: generated.append(
+        llm.create_completion("Once upon a time", max_tokens=24, temperature=0)["choices"][0]["text"]))
+    worker.start()
+    vectors = llm.embed(texts)
+    worker.join()
+    assert len(seen) == 3 and all(r.finish_reason == "stop" for r in seen)
+    for got, ref in zip(vectors, alone, strict=True):
+        np.testing.assert_array_equal(np.asarray(got, np.float32).view(np.uint32),
+                                      ref.astype(np.float32).view(np.uint32))
+    assert generated == [want]
+    llm.close()

@@ -12,7 +12,9 @@ requests waiting is refused (QueueFullError). Each step is one forward pass over
 - one decode row for every sequence that is generating, and
 - up to `prefill_chunk` prompt rows of sequences still reading their prompts (oldest first),
 
-so a long prompt is read a chunk per step and never freezes the streams already running. A
+so a long prompt is read a chunk per step and never freezes the streams already running. An
+embedding request (submit_embedding) is a prompt read the same way, its rows' last hidden states kept
+instead of a token sampled. A
 sequence's logits are bit-identical whatever else shares its batch (see Model.forward_batch), so
 batching never changes an answer. A new request starts from the longest prefix of its prompt that
 the prefix cache holds; a finished one leaves its cache there. When a sequence's context is full,
@@ -73,8 +75,10 @@ class Request:
     read (after a step's sampling, when the next step is about to run; an event loop's wake-up: see
     pyllm/serve/server.py); iterating needs no such call."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None) -> None:
+    def __init__(self, prompt: list[int], params: SamplingParams, max_tokens: int, n_logprobs: int | None,
+                 embedding: bool = False) -> None:
         self.prompt = prompt
+        self.embedding = embedding              # its one event: the prompt's hidden states (n, n_embd), no Steps
         self.params = params
         self.max_tokens = max_tokens
         self.n_logprobs = n_logprobs
@@ -147,6 +151,7 @@ class _Sequence:
     # from its last prompt logits, so the prompt is read once for all of them
     followers: list[_Sequence] = field(default_factory=list)
     leader: _Sequence | None = None
+    hidden: list[np.ndarray] = field(default_factory=list)  # an embedding's hidden states, a chunk at a time
 
 
 class Engine:
@@ -220,6 +225,31 @@ class Engine:
             self._wake.notify()
         return requests
 
+    def submit_embedding(self, prompt: list[int]) -> Request:
+        """Queue the reading of `prompt` (at most n_ctx tokens) for its last hidden states: the request's one
+        event is their (len(prompt), n_embd) array, then it finishes ("stop"). It reads every token (no prefix
+        is taken from the cache: pooling needs each row) in chunks beside the other sequences' steps."""
+        if not prompt:
+            raise ValueError("the input is empty: give at least one token")
+        if len(prompt) > self.n_ctx:
+            raise ContextFullError(f"the input has {len(prompt)} tokens; the context holds {self.n_ctx}")
+        if min(prompt) < 0 or max(prompt) >= self.model.n_vocab:
+            raise ValueError(f"input token id out of range [0, {self.model.n_vocab})")
+        request = Request(list(prompt), SamplingParams(), 0, None, embedding=True)
+        with self._wake:
+            if self.error is not None:
+                raise self.error
+            if self._closed:
+                raise EngineClosedError("the engine is shut down")
+            free_slots = max(0, self.n_parallel - len(self._active))
+            if len(self._waiting) + 1 > self.max_queued + free_slots:
+                raise QueueFullError(f"all {self.n_parallel} slots are busy and the queue of {self.max_queued} "
+                                     "is full; try again later")
+            self._waiting.append(request)
+            self.metrics.requests_queued.set(len(self._waiting))
+            self._wake.notify()
+        return request
+
     @property
     def n_waiting(self) -> int:
         return len(self._waiting)
@@ -288,6 +318,18 @@ class Engine:
             request = self._waiting.popleft()
             if request.cancelled:
                 self._finish_request(request, "cancelled")
+                continue
+            if request.embedding:
+                try:
+                    cache = self.prefix_cache.new_cache()
+                except Exception as exc:  # noqa: BLE001 - this request fails, not the engine
+                    failure = RequestFailedError(f"no KV cache could be made for this request: "
+                                                 f"{type(exc).__name__}: {exc}")
+                    failure.__cause__ = exc
+                    self._post(request, failure)
+                    continue
+                self.metrics.prompt_tokens.inc(len(request.prompt))
+                self._active.append(_Sequence(request, cache, [], list(request.prompt), Sampler(request.params), []))
                 continue
             matcher = None
             if request.params.grammar is not None:
@@ -394,7 +436,8 @@ class Engine:
                     continue
                 chunk = seq.pending[:budget]
                 budget -= len(chunk)
-                mode = "last" if len(chunk) == len(seq.pending) else "none"
+                mode = ("hidden" if seq.request.embedding else "last" if len(chunk) == len(seq.pending)
+                        else "none")
             else:
                 if seq.cache.n_used >= self.n_ctx:
                     try:
@@ -421,6 +464,13 @@ class Engine:
             seq.fed.extend(chunk)
             if seq.pending:
                 seq.pending = seq.pending[len(chunk):]
+            if seq.request.embedding:
+                assert logits is not None
+                seq.hidden.append(logits)
+                if not seq.pending:
+                    self._post(seq.request, np.concatenate(seq.hidden))
+                    self._finish(seq, "stop")
+                continue
             if logits is not None:
                 for follower in list(seq.followers):  # before the leader samples (and perhaps finishes)
                     seq.followers.remove(follower)
