@@ -34,7 +34,7 @@ from .embeddings import Pooling, declared_pooling, pool
 from .gguf import GGUFFile
 from .grammar import GrammarMatcher, LlamaGrammar, VocabIndex
 from .kvcache import KVCache, cache_type
-from .logprobs import LogprobTrack, chat_shape, completion_shape
+from .logprobs import LogprobTrack, TokenLogprob, chat_shape, completion_shape, prompt_entries
 from .memory import available_bytes, format_bytes
 from .model import ContextFullError, Logits, Model
 from .params import ParamError, ParamTypeError
@@ -875,7 +875,11 @@ class Llama:
         # choice i draws from seed + i: the choices differ, and the same seed gives the same whole answer
         choice_params = [params if i == 0 or params.seed is None else replace(params, seed=params.seed + i)
                          for i in range(n)]
-        requests = self.engine.submit_group(list(prompt_tokens), choice_params, limit, logprobs)
+        requests = self.engine.submit_group(list(prompt_tokens), choice_params, limit, logprobs,
+                                            prompt_logprobs=echo)
+
+        def echoed_entries() -> list[TokenLogprob]:  # once the engine has read the prompt
+            return prompt_entries(self.tokenizer, list(prompt_tokens), requests[0].prompt_logprobs, prompt_text)
         self._last_requests = requests
         shape = chat_shape if chat else completion_shape
 
@@ -889,10 +893,16 @@ class Llama:
             return None if logprobs is None else LogprobTrack(len(prompt_text))
 
         if stream:
+            scored_echo = echo and logprobs is not None and bool(prompt_text)
+
             def lane(index: int, request: Request) -> _Lane:
                 text, track = _TextStream(self.tokenizer, stops), new_track()
+                echo_pending = [scored_echo]  # the prompt's chunk waits for its logprobs: it goes out first
 
                 def chunks(piece: Piece) -> list[dict[str, Any]]:
+                    if echo_pending[0]:
+                        echo_pending[0] = False
+                        return [chunk(index, prompt_text, None, echoed_entries()), *chunks(piece)]
                     delta, step, finish = piece
                     if track is not None and step is not None:
                         track.add(step.token, step.text, step.logprob, step.top_logprobs)
@@ -903,7 +913,7 @@ class Llama:
                 return _Lane(request, text, chunks)
 
             lanes = [lane(index, request) for index, request in enumerate(requests)]
-            first = [chunk(i, prompt_text, None, None) for i in range(n)] if prompt_text else []
+            first = [chunk(i, prompt_text, None, None) for i in range(n)] if prompt_text and not scored_echo else []
             return CompletionStream(lanes, first)
 
         choices, n_completion = [], 0
@@ -920,6 +930,8 @@ class Llama:
                     finish = reason or finish
                 whole = "".join(texts)
                 entries = None if track is None else track.take(whole, True, text.stopped)
+                if entries is not None and echo:
+                    entries = echoed_entries() + entries
                 choices.append(chunk(index, prompt_text + whole, finish, entries)["choices"][0])
         finally:
             for request in requests:

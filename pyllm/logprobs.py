@@ -27,8 +27,8 @@ from .text.tokenizer import Tokenizer
 class TokenLogprob:
     token: int
     piece: bytes
-    logprob: float
-    top: dict[int, float]   # token id -> logprob, most likely first
+    logprob: float | None   # None: an echoed prompt's first token (nothing before it predicts it)
+    top: dict[int, float] | None  # token id -> logprob, most likely first
     offset: int             # its text's first character in the choice's text
 
 
@@ -42,8 +42,8 @@ class LogprobTrack:
         self._emitted = base_offset    # characters handed out
         self._pending: list[TokenLogprob] = []
 
-    def add(self, token: int, piece: bytes, logprob: float, top: dict[int, float] | None) -> None:
-        self._pending.append(TokenLogprob(token, piece, logprob, top or {}, self._chars))
+    def add(self, token: int, piece: bytes, logprob: float | None, top: dict[int, float] | None) -> None:
+        self._pending.append(TokenLogprob(token, piece, logprob, top if logprob is None else top or {}, self._chars))
         self._chars += len(self._utf8.decode(piece))
 
     def take(self, text: str, final: bool, cut: bool) -> list[TokenLogprob]:
@@ -64,8 +64,11 @@ def _text(tokenizer: Tokenizer, token: int) -> str:
 
 def completion_shape(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]:
     """OpenAI's completions `logprobs`. Two top tokens with the same text keep the likelier one's value."""
-    tops = []
+    tops: list[dict[str, float] | None] = []
     for e in entries:
+        if e.top is None:
+            tops.append(None)
+            continue
         top: dict[str, float] = {}
         for t, lp in e.top.items():
             top.setdefault(_text(tokenizer, t), lp)
@@ -82,5 +85,18 @@ def chat_shape(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict[str, A
         return {"token": piece.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(piece)}
 
     return {"content": [{**entry(e.token, e.piece, e.logprob),
-                         "top_logprobs": [entry(t, tokenizer.token_to_piece(t), lp) for t, lp in e.top.items()]}
+                         "top_logprobs": [entry(t, tokenizer.token_to_piece(t), lp) for t, lp in (e.top or {}).items()]}
                         for e in entries]}
+
+
+def prompt_entries(tokenizer: Tokenizer, prompt: list[int], scored: list[tuple[float, dict[int, float] | None]],
+                   echoed: str) -> list[TokenLogprob]:
+    """An echoed prompt's tokens as logprob entries, their offsets in the echoed text: scored[i - 1] is token
+    i's; the first echoed token has none (OpenAI's and llama-cpp-python's null), and a leading BOS, which the
+    echo leaves out, is left out here too."""
+    track = LogprobTrack()
+    first = 1 if prompt and prompt[0] == tokenizer.bos_id else 0
+    for i in range(first, len(prompt)):
+        logprob, top = (None, None) if i == first else scored[i - 1]
+        track.add(prompt[i], tokenizer.token_to_piece(prompt[i]), logprob, top)
+    return track.take(echoed, True, False)

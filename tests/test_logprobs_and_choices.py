@@ -73,7 +73,8 @@ def test_offsets_count_the_echoed_prompt_and_stop_strings_cut_the_tokens(llm: Ll
     out = llm.create_completion(PROMPT, max_tokens=8, temperature=0, logprobs=0, echo=True)
     choice = out["choices"][0]
     lp = choice["logprobs"]
-    assert lp["text_offset"][0] == len(PROMPT) and all(top == {} for top in lp["top_logprobs"])
+    n_prompt = len(lp["tokens"]) - out["usage"]["completion_tokens"]  # the echoed prompt's tokens come first
+    assert lp["text_offset"][n_prompt] == len(PROMPT) and all(top == {} for top in lp["top_logprobs"][1:])
     for token, offset in zip(lp["tokens"], lp["text_offset"], strict=True):
         assert choice["text"][offset:offset + len(token)] == token
     full = llm.create_completion(PROMPT, max_tokens=8, temperature=0, logprobs=1)["choices"][0]
@@ -187,3 +188,32 @@ def test_followers_read_the_prompt_themselves_when_their_leader_is_cancelled(llm
             time.sleep(0.0005)
         requests[0].cancel()
         assert tokens(requests[1:]) == want[1:]
+
+
+def test_echo_scores_the_prompt_tokens(llm: Llama) -> None:
+    """echo with logprobs: the prompt's tokens first (OpenAI's null for the first, each other one the log-softmax
+    of the logits before it, read from an empty cache even when the prefix cache holds the prompt), then the
+    completion's; streamed, the prompt's chunk carries them."""
+    prompt = llm.tokenize(PROMPT.encode())
+    skip = 1 if prompt[0] == llm.tokenizer.bos_id else 0
+    logits = llm.logits(prompt)
+    for _ in range(2):  # the second finds the prompt in the prefix cache
+        out = llm.create_completion(PROMPT, max_tokens=3, temperature=0, logprobs=2, echo=True)
+        lp = out["choices"][0]["logprobs"]
+        n_prompt = len(prompt) - skip
+        assert len(lp["tokens"]) == n_prompt + out["usage"]["completion_tokens"]
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        for i in range(skip + 1, len(prompt)):
+            ref = _log_softmax64(logits[i - 1])
+            entry = i - skip
+            assert lp["tokens"][entry] == llm.tokenizer.token_to_piece(prompt[i]).decode("utf-8", "replace")
+            assert lp["token_logprobs"][entry] == pytest.approx(ref[prompt[i]], abs=1e-5)
+            assert len(lp["top_logprobs"][entry]) <= 2
+        text = out["choices"][0]["text"]
+        assert text.startswith(PROMPT)
+        for token, offset in zip(lp["tokens"], lp["text_offset"], strict=True):
+            assert text[offset:offset + len(token)] == token
+    chunks = list(llm.create_completion(PROMPT, max_tokens=3, temperature=0, logprobs=2, echo=True, stream=True))
+    first = chunks[0]["choices"][0]
+    assert first["text"] == PROMPT and first["logprobs"]["tokens"] == lp["tokens"][:n_prompt]
+    assert first["logprobs"]["token_logprobs"] == lp["token_logprobs"][:n_prompt]

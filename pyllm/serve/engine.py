@@ -79,6 +79,10 @@ class Request:
                  embedding: bool = False) -> None:
         self.prompt = prompt
         self.embedding = embedding              # its one event: the prompt's hidden states (n, n_embd), no Steps
+        # with want_prompt_logprobs: each prompt token's (logprob, top logprobs) but the first's, filled (the whole
+        # prompt read from an empty cache) by the time the first Step comes
+        self.want_prompt_logprobs = False
+        self.prompt_logprobs: list[tuple[float, dict[int, float] | None]] = []
         self.params = params
         self.max_tokens = max_tokens
         self.n_logprobs = n_logprobs
@@ -188,11 +192,12 @@ class Engine:
         return self.submit_group(prompt, [params], max_tokens, n_logprobs)[0]
 
     def submit_group(self, prompt: list[int], params: list[SamplingParams], max_tokens: int,
-                     n_logprobs: int | None = None) -> list[Request]:
+                     n_logprobs: int | None = None, prompt_logprobs: bool = False) -> list[Request]:
         """Queue one generation of `prompt` per params (a request's n choices), all or none. The first reads
         the prompt; the others, if they run with it, copy its cache and sample from its last prompt logits
         instead of reading the prompt again; if they start later, the prefix cache or its cache gives them all
-        but the prompt's last token. Either way their tokens are those they would get alone."""
+        but the prompt's last token. Either way their tokens are those they would get alone. prompt_logprobs (with
+        n_logprobs): the first request also scores the prompt's tokens (Request.prompt_logprobs)."""
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         if len(prompt) >= self.n_ctx:
@@ -209,6 +214,7 @@ class Engine:
                 raise SamplingError(f"logit_bias token {max(p.logit_bias)} is outside the vocabulary "
                                     f"(n_vocab={n_vocab})")
         requests = [Request(list(prompt), p, max_tokens, n_logprobs) for p in params]
+        requests[0].want_prompt_logprobs = prompt_logprobs and n_logprobs is not None
         for request in requests[1:]:
             request.leader = requests[0]
         with self._wake:
@@ -353,6 +359,8 @@ class Engine:
                 if leader is not None:  # it has read the prompt and generates: all but the prompt's last token
                     cache = leader.cache.copy_prefix(len(request.prompt) - 1, into=self.prefix_cache.new_cache())
                     n_cached = cache.n_used
+                elif request.want_prompt_logprobs:  # every prompt row's logits are wanted: none from the cache
+                    cache, n_cached = self.prefix_cache.new_cache(), 0
                 else:
                     cache, n_cached = self.prefix_cache.acquire(request.prompt)
             except Exception as exc:  # noqa: BLE001 - e.g. no memory for its cache: this request fails, not the engine
@@ -436,8 +444,8 @@ class Engine:
                     continue
                 chunk = seq.pending[:budget]
                 budget -= len(chunk)
-                mode = ("hidden" if seq.request.embedding else "last" if len(chunk) == len(seq.pending)
-                        else "none")
+                mode = ("hidden" if seq.request.embedding else "all" if seq.request.want_prompt_logprobs
+                        else "last" if len(chunk) == len(seq.pending) else "none")
             else:
                 if seq.cache.n_used >= self.n_ctx:
                     try:
@@ -461,6 +469,8 @@ class Engine:
             return
         now = time.perf_counter()
         for (seq, chunk), logits in zip(members, results, strict=True):
+            if logits is not None and logits.ndim == 2 and not seq.request.embedding:  # a scored prompt chunk
+                logits = self._score_prompt(seq, chunk, logits)
             seq.fed.extend(chunk)
             if seq.pending:
                 seq.pending = seq.pending[len(chunk):]
@@ -479,6 +489,17 @@ class Engine:
                     self._sample(seq, logits, now)
                 except Exception as exc:  # noqa: BLE001 - this request gets the error, the others go on
                     self._fail(seq, exc)
+
+    def _score_prompt(self, seq: _Sequence, chunk: list[int], rows: np.ndarray) -> np.ndarray | None:
+        """Each row's logprobs of the prompt token after it, into the request; the last row's logits when the
+        chunk ends the prompt (to sample from), else None."""
+        request, start = seq.request, len(seq.fed)
+        for j, row in enumerate(rows):
+            following = start + j + 1
+            if following < len(request.prompt):
+                request.prompt_logprobs.append(seq.sampler.logprobs(row, request.prompt[following],
+                                                                    request.n_logprobs or 0))
+        return rows[-1] if len(chunk) == len(seq.pending) else None
 
     def _sample(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
         request = seq.request
