@@ -43,7 +43,16 @@ from .serve.engine import FINISHED, Engine, Request, Step
 from .state import LlamaState, model_identity
 from .text.chat_template import ChatTemplateError, render_chat_bounded, validate_messages
 from .text.tokenizer import StreamDecoder, Tokenizer
-from .tools import TOOL_CALL_OPEN, history_for_template, instructions, parse_tool_calls, setup_tools
+from .tools import (
+    TOOL_CALL_OPEN,
+    as_function_call,
+    history_for_template,
+    history_from_functions,
+    instructions,
+    parse_tool_calls,
+    setup_tools,
+    tools_from_functions,
+)
 
 
 def _stop_prefix_suffix(text: str, stops: list[str]) -> int:
@@ -983,18 +992,24 @@ class Llama:
                                top_logprobs: int | None = None, model: str | None = None,
                                response_format: dict[str, Any] | None = None,
                                grammar: str | LlamaGrammar | None = None,
-                               tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, *, n: int = 1,
-                               context_shift: bool = True) -> dict[str, Any] | CompletionStream:
+                               tools: list[dict[str, Any]] | None = None, tool_choice: Any = None,
+                               functions: list[dict[str, Any]] | None = None, function_call: Any = None, *,
+                               n: int = 1, context_shift: bool = True) -> dict[str, Any] | CompletionStream:
         """Chat through the file's template (or the family's built-in one).
 
         response_format: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
         {"schema": {...}}}, or {"type": "text"}; grammar: GBNF text or a LlamaGrammar. Give one or neither.
         tools, tool_choice: OpenAI's (see pyllm.tools); calls come back as message.tool_calls with finish_reason
-        "tool_calls", streamed too (the call's text held back and sent whole as delta.tool_calls).
+        "tool_calls", streamed too (the call's text held back and sent whole as delta.tool_calls). The older
+        functions / function_call go the same way, the call coming back as message.function_call (finish_reason
+        "function_call"), and "function" messages in the history are the results.
         n: choices (1..16), as create_completion's. logprobs=True (top_logprobs: 0..20 alternatives) fills each
         choice's logprobs.content in OpenAI's shape.
         """
         constraint = check.constraint(grammar, response_format)
+        legacy = functions is not None or function_call is not None
+        tools, tool_choice = tools_from_functions(functions, function_call, tools, tool_choice)
+        messages = history_from_functions(messages)  # the older API's turns, wherever they come from
         setup = setup_tools(tools, tool_choice)
         if setup is not None and setup.grammar is not None:
             if constraint is not None:
@@ -1021,7 +1036,7 @@ class Llama:
                                 echo=False, model=model, context_shift=context_shift,
                                 grammar=constraint, n=n, chat=True)
         if isinstance(result, CompletionStream):
-            return self._chat_stream(result, setup.names if setup is not None else None)
+            return self._chat_stream(result, setup.names if setup is not None else None, legacy)
         assert isinstance(result, dict)
         choices = []
         for choice in result["choices"]:
@@ -1029,7 +1044,10 @@ class Llama:
             finish = choice["finish_reason"]
             if setup is not None:
                 content, calls = parse_tool_calls(choice["text"], setup.names)
-                if calls:
+                if calls and legacy:
+                    message = {"role": "assistant", "content": content, "function_call": as_function_call(calls)}
+                    finish = "function_call"
+                elif calls:
                     message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
             choices.append({"index": choice["index"], "message": message, "logprobs": choice["logprobs"],
                             "finish_reason": finish})
@@ -1049,7 +1067,8 @@ class Llama:
         return self.tokenize(check.utf8("messages", prompt), add_bos=not has_bos, special=True)
 
     @staticmethod
-    def _chat_stream(completion: CompletionStream, tool_names: frozenset[str] | None = None) -> CompletionStream:
+    def _chat_stream(completion: CompletionStream, tool_names: frozenset[str] | None = None,
+                     legacy: bool = False) -> CompletionStream:
         """The completion's stream with its chunks as chat chunks, each choice's first saying the assistant's
         role. With tools (tool_names), text from a `<tool_call>` on is held back until the choice ends, then sent
         as delta.tool_calls (finish_reason "tool_calls"), or as text if it was no call of a known function."""
@@ -1084,7 +1103,9 @@ class Llama:
                         first[0] = False
                     text, finish, calls = content_of(choice["text"], choice["finish_reason"])
                     delta: dict[str, Any] = {"content": text} if text else {}
-                    if calls:
+                    if calls and legacy:  # the older API: the first call, as delta.function_call
+                        delta["function_call"], finish = as_function_call(calls), "function_call"
+                    elif calls:
                         delta["tool_calls"] = calls
                     out.append({**base, "choices": [{"index": choice["index"], "delta": delta,
                                                      "logprobs": choice["logprobs"], "finish_reason": finish}]})

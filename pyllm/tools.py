@@ -183,3 +183,51 @@ def parse_tool_calls(text: str, names: frozenset[str]) -> tuple[str | None, list
     kept.append(text[last:])
     content = "".join(kept).strip()
     return content or None, calls
+
+
+# ---- OpenAI's older functions API, carried on the tools machinery ----
+
+def tools_from_functions(functions: Any, function_call: Any, tools: Any, tool_choice: Any) -> tuple[Any, Any]:
+    """(tools, tool_choice) for a request in the older shape: `functions` (a list of function definitions) and
+    `function_call` ("none", "auto" or {"name": ...}); ParamError for a request that mixes the two APIs."""
+    if functions is None and function_call is None:
+        return tools, tool_choice
+    if tools is not None or tool_choice is not None:
+        raise ParamError("give tools/tool_choice or the older functions/function_call, not both", "functions")
+    if functions is None:
+        raise ParamError("function_call needs functions", "function_call")
+    if not isinstance(functions, list):
+        raise ParamError("functions must be a list of function definitions", "functions")
+    if function_call is None or function_call in ("none", "auto"):
+        choice = function_call
+    elif isinstance(function_call, Mapping) and set(function_call) == {"name"} and isinstance(function_call["name"],
+                                                                                                str):
+        choice = {"type": "function", "function": {"name": function_call["name"]}}
+    else:
+        raise ParamError('function_call must be "none", "auto" or {"name": a function\'s name}', "function_call")
+    return [{"type": "function", "function": f} for f in functions], choice
+
+
+def history_from_functions(messages: Any) -> Any:
+    """The older API's turns as tool turns: an assistant's function_call as a tool call, a "function" message
+    (its name and content) as the tool's result."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("function_call") is not None:
+            call = m["function_call"]
+            if not isinstance(call, Mapping):
+                raise ParamError(f"messages[{i}].function_call must be an object", "messages")
+            m = {k: v for k, v in m.items() if k != "function_call"}
+            m["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": dict(call)}]
+        elif isinstance(m, Mapping) and m.get("role") == "function":
+            m = {"role": "tool", "name": m.get("name"), "content": m.get("content"), "tool_call_id": f"call_{i}"}
+        out.append(m)
+    return out
+
+
+def as_function_call(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A reply's first tool call in the older shape: {"name", "arguments"}."""
+    fn = calls[0]["function"]
+    return {"name": fn["name"], "arguments": fn["arguments"]}

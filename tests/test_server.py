@@ -283,6 +283,39 @@ def test_tool_calls_through_the_openai_client(quick_client: openai.OpenAI, quick
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
+def test_the_older_functions_api_through_the_openai_client(quick_client: openai.OpenAI,
+                                                          quick_server: _Server) -> None:
+    """functions / function_call: a named function is called with arguments valid for its parameters, as
+    message.function_call (finish_reason "function_call"), streamed as delta.function_call; the call and a
+    "function" message with its result in the history get a text answer."""
+    client, functions = quick_client, [WEATHER["function"], ADD["function"]]
+    messages = [{"role": "user", "content": "What is 2 plus 3?"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, functions=functions,
+                                         function_call={"name": "add"}, temperature=0.8, seed=3, max_tokens=48)
+    choice = out.choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None, choice
+    call = choice.message.function_call
+    assert call.name == "add"
+    jsonschema.validate(json.loads(call.arguments), ADD["function"]["parameters"])
+    history = [*messages, {"role": "assistant", "content": None, "function_call": {"name": "add",
+                                                                                    "arguments": call.arguments}},
+               {"role": "function", "name": "add", "content": "5"}]
+    final = client.chat.completions.create(model=MODEL, messages=history, functions=functions, function_call="none",
+                                           temperature=0, max_tokens=8)
+    assert isinstance(final.choices[0].message.content, str) and final.choices[0].finish_reason != "function_call"
+    stream = client.chat.completions.create(model=MODEL, messages=messages, functions=functions,
+                                            function_call={"name": "add"}, temperature=0.8, seed=3, max_tokens=48,
+                                            stream=True)
+    deltas = [(c.choices[0].delta, c.choices[0].finish_reason) for c in stream if c.choices]
+    calls = [d.function_call for d, _ in deltas if d.function_call]
+    assert [(c.name, c.arguments) for c in calls] == [("add", call.arguments)] and deltas[-1][1] == "function_call"
+    for body, param in [({"functions": functions, "tools": [ADD]}, "functions"),
+                        ({"function_call": "auto"}, "function_call"),
+                        ({"functions": functions, "function_call": "required"}, "function_call")]:
+        response = _post(quick_server, "/v1/chat/completions", {"messages": messages, **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
 def test_tokenize_detokenize_and_metrics(server: _Server, llm: Llama) -> None:
     tokens = _post(server, "/tokenize", {"content": "Hello world"}).json()["tokens"]
     assert tokens == llm.tokenize(b"Hello world", add_bos=False)

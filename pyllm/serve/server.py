@@ -105,7 +105,7 @@ class _Sampling(_Strict):
     # constrained output: checked by the same layer as the Python API's (params.constraint)
     response_format: dict[str, Any] | None = None
     grammar: str | None = None  # llama-server's field: GBNF text
-    # tool calls, on chat completions only (checked by pyllm.tools); the older functions API is refused by name
+    # tool calls, on chat completions only (checked by pyllm.tools), in the tools or the older functions API
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -121,8 +121,8 @@ class _Sampling(_Strict):
             raise APIError(400, "tools: tool calls are for /v1/chat/completions", "tools")
         if not chat and self.tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice: tool calls are for /v1/chat/completions", "tool_choice")
-        if self.functions or self.function_call is not None:
-            raise APIError(400, "functions: function calls are not supported yet",
+        if not chat and (self.functions or self.function_call is not None):
+            raise APIError(400, "functions: function calls are for /v1/chat/completions",
                            "functions" if self.functions else "function_call")
 
 
@@ -151,9 +151,10 @@ class ToolCall(_Strict):
 
 
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    function_call: FunctionCall | None = None  # the older API's: an assistant's earlier call
     tool_call_id: str | None = None           # which call a tool message answers
     name: str | None = None
 
@@ -164,6 +165,8 @@ class Message(_Strict):
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.function_call is not None:
+            out["function_call"] = self.function_call.model_dump()
         for key in ("tool_call_id", "name"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -497,7 +500,8 @@ class _Handlers:
             [m.as_dict() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
             stream=body.stream, logprobs=body.logprobs, top_logprobs=body.top_logprobs, model=self.model_name,
             context_shift=False, response_format=body.response_format, grammar=body.grammar, tools=body.tools,
-            tool_choice=body.tool_choice, **body.sampling_kwargs())
+            tool_choice=body.tool_choice, functions=body.functions, function_call=body.function_call,
+            **body.sampling_kwargs())
         return result, bool((body.stream_options or {}).get("include_usage"))
 
     def embeddings(self, raw: bytes) -> dict[str, Any]:
