@@ -9,5 +9,6 @@
 
 extern const vec_dot_fn vec_dot_table_neon[PYLLM_TYPE_COUNT];          /* vec_dot_neon.c: int8 dots by smull */
 extern const vec_dot_fn vec_dot_table_neon_dotprod[PYLLM_TYPE_COUNT];  /* vec_dot_neon_dotprod.c: by sdot */
+extern const op_kernels op_kernels_neon;                                /* ops_neon.c */
 
 #endif /* PYLLM_ARM_H */

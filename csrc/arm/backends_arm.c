@@ -3,7 +3,7 @@
  *   neon          every weight type's vec_dot by 128-bit Advanced SIMD, int8 dots by smull + pairwise adds
  *                 (vec_dot_neon.c): every aarch64 CPU;
  *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), where the CPU has FEAT_DotProd.
- * Their sets have vec_dot alone (matmul goes row by row) and the generic ops. The dotprod kernels take their target
+ * Their sets have vec_dot alone (matmul goes row by row); the ops are ops_neon.c's. The dotprod kernels take their target
  * by pragma, so one build runs on any aarch64: the tier is used only where the OS says the CPU runs it (Linux:
  * getauxval(AT_HWCAP); macOS: sysctl hw.optional.arm.FEAT_DotProd).
  */
@@ -55,7 +55,7 @@ static void fill_neon_dotprod(int type, pyllm_kernel_set *set) {
 }
 
 const pyllm_backend backend_neon = {
-    .name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_neon, .fill = fill_neon,
+    .name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_neon, .fill = fill_neon, .ops = &op_kernels_neon,
 };
 const pyllm_backend backend_neon_dotprod = {
     .name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_neon_dotprod, .fill = fill_neon_dotprod,

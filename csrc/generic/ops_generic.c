@@ -80,7 +80,7 @@ static void swiglu_generic(const float *g, const float *u, float *y, int64_t n) 
     for (int64_t i = grouped; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-static void geglu_generic(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n) {
+void geglu_generic(const fp16_t *gelu_table, const float *g, const float *u, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         if (g[i] <= -10.0f) y[i] = 0.0f;
         else if (g[i] >= 10.0f) y[i] = g[i] * u[i];
@@ -96,11 +96,11 @@ static void round_half_generic(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
 }
 
-static void rope_head_generic(float *head, const float *cos_sin, int64_t n_rot, int neox) {
+void rope_head_generic(float *head, const float *cos_sin, int64_t n_rot, int neox) {
     rope_head_pairs(head, cos_sin, 0, n_rot, neox);
 }
 
-static int64_t argmax_generic(const float *x, int64_t n, int *nan) {
+int64_t argmax_generic(const float *x, int64_t n, int *nan) {
     int64_t best = 0;
     int seen_nan = isnan(x[0]);
     for (int64_t i = 1; i < n; ++i) {

@@ -427,6 +427,13 @@ static void test_op_kernels_agree(void) {
                       (max_ref == -INFINITY) == (max == -INFINITY),
                   "scale_max n=%d tier %s: %.9g != generic %.9g", n, pyllm_tier_name(tier), max_got, max_ref);
             max = max_ref;
+            static float plain_ref[MAX_N], plain_got[MAX_N];
+            memcpy(plain_ref, s_ref, sizeof(float) * (size_t)n);
+            memcpy(plain_got, s_ref, sizeof(float) * (size_t)n);
+            generic->softmax(plain_ref, n, max);
+            fast->softmax(plain_got, n, max);
+            CHECK(memcmp(plain_ref, plain_got, sizeof(float) * (size_t)n) == 0, "softmax n=%d tier %s", n,
+                  pyllm_tier_name(tier));
             generic->softmax_half(s_ref, n, max);
             fast->softmax_half(s_got, n, max);
             CHECK(memcmp(s_ref, s_got, sizeof(float) * (size_t)n) == 0, "softmax_half n=%d tier %s", n,
@@ -447,6 +454,12 @@ static void test_op_kernels_agree(void) {
             generic->swiglu(g, u, y_ref, n);
             fast->swiglu(g, u, y_got, n);
             CHECK(memcmp(y_ref, y_got, sizeof(float) * (size_t)n) == 0, "swiglu n=%d tier %s", n, pyllm_tier_name(tier));
+            memcpy(y_ref, u, sizeof(float) * (size_t)n);
+            memcpy(y_got, u, sizeof(float) * (size_t)n);
+            generic->add_scaled(y_ref, 0.37f, g, n);
+            fast->add_scaled(y_got, 0.37f, g, n);
+            CHECK(memcmp(y_ref, y_got, sizeof(float) * (size_t)n) == 0, "add_scaled n=%d tier %s", n,
+                  pyllm_tier_name(tier));
             for (int d = 4; d <= MAX_D; d += 17) {
                 for (int i = 0; i < n * 2 * d; ++i) v[i] = fp32_to_fp16(rng_float(-2, 2));
                 generic->weighted_sum(p, v, 2 * d, n, d, out_ref);
@@ -454,6 +467,23 @@ static void test_op_kernels_agree(void) {
                 CHECK(memcmp(out_ref, out_got, sizeof(float) * (size_t)d) == 0, "weighted_sum n=%d d=%d tier %s", n,
                       d, pyllm_tier_name(tier));
             }
+        }
+    }
+    {  /* a quantized cache's values, decoded */
+        static float x[128], ref[128], got[128];
+        static uint8_t q8[4 * sizeof(block_q8_0)], q4[4 * sizeof(block_q4_0)];
+        for (int i = 0; i < 128; ++i) x[i] = rng_float(-3, 3) * (i % 29 == 0 ? 50.0f : 1.0f);
+        quantize_row_q8_0_act(x, q8, 128);
+        quantize_table[PYLLM_TYPE_Q4_0](x, q4, 128);
+        for (int tier = 1; tier <= pyllm_cpu_best_tier(); ++tier) {
+            if (!tier_runs(tier)) continue;
+            const op_kernels *fast = tier_ops(tier)->ops;
+            generic->dequantize_q8_0(q8, ref, 128);
+            fast->dequantize_q8_0(q8, got, 128);
+            CHECK(memcmp(ref, got, sizeof(ref)) == 0, "dequantize_q8_0 tier %s", pyllm_tier_name(tier));
+            generic->dequantize_q4_0(q4, ref, 128);
+            fast->dequantize_q4_0(q4, got, 128);
+            CHECK(memcmp(ref, got, sizeof(ref)) == 0, "dequantize_q4_0 tier %s", pyllm_tier_name(tier));
         }
     }
     test_rope_agrees();
@@ -485,7 +515,7 @@ static void test_kv_cache_layer(void) {
         vin[i] = rng_float(-1, 1);
     }
     for (int r = 0; r < N; ++r) pos[r] = r;
-    const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_F16, PYLLM_TYPE_F16};
+    const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_F16, PYLLM_TYPE_F16, 0, 0};
     for (int s = 0; s < CAP; ++s) positions[s] = -1;
     CHECK(pyllm_kv_store(&ring, pos, kin, vin, 5) == PYLLM_OK && pyllm_kv_store(&ring, pos + 5, kin + 5 * ROW,
           vin + 5 * ROW, N - 5) == PYLLM_OK, "ring store");
@@ -498,7 +528,7 @@ static void test_kv_cache_layer(void) {
     CHECK(pyllm_kv_store(&ring, (const int32_t[]){-1}, kin, vin, 1) == PYLLM_ERR_SHAPE, "negative position");
 
     /* full layer: positions 0..5; drop [1, 3): 3, 4, 5 move to 1, 2, 3, keys rotated by -2 */
-    const pyllm_kv_layer full = {k, v, positions, CAP, ROW, ROW, 0, PYLLM_TYPE_F16, PYLLM_TYPE_F16};
+    const pyllm_kv_layer full = {k, v, positions, CAP, ROW, ROW, 0, PYLLM_TYPE_F16, PYLLM_TYPE_F16, 0, 0};
     for (int s = 0; s < CAP; ++s) positions[s] = -1;
     CHECK(pyllm_kv_store(&full, pos, kin, vin, CAP) == PYLLM_OK, "full store");
     CHECK(pyllm_kv_store(&full, (const int32_t[]){CAP}, kin, vin, 1) == PYLLM_ERR_SHAPE, "past the end");
@@ -621,7 +651,7 @@ static void test_quantized_cache_attention(void) {
     for (int r = 0; r < 30; ++r) pos[r] = r;
     const int saved = pyllm_active_tier();
     for (int ti = 0; ti < 4; ++ti) {
-        const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1, types[ti][0], types[ti][1]};
+        const pyllm_kv_layer ring = {k, v, positions, CAP, ROW, ROW, 1, types[ti][0], types[ti][1], 0, 0};
         for (int s = 0; s < CAP; ++s) positions[s] = -1;
         CHECK(pyllm_kv_store(&ring, pos, kin, vin, 30) == PYLLM_OK, "quantized store %d", ti);
         const int32_t *qpos = pos + 30 - M;
@@ -647,7 +677,7 @@ static void test_quantized_cache_attention(void) {
     }
     const pyllm_attention_call odd = {q, k, v, pos, positions, 1, CAP, got, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0};
     CHECK(pyllm_attention_batch(&odd, 1, N_HEAD, N_HEAD_KV, 48, 0.2f, 0, 0.0f, 1) == PYLLM_ERR_TYPE, "48-wide heads");
-    const pyllm_kv_layer bad = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_Q2_K, PYLLM_TYPE_F16};
+    const pyllm_kv_layer bad = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_Q2_K, PYLLM_TYPE_F16, 0, 0};
     CHECK(pyllm_kv_store(&bad, pos, kin, vin, 1) == PYLLM_ERR_TYPE, "a q2_K cache");
 }
 
