@@ -679,6 +679,32 @@ static void test_quantized_cache_attention(void) {
     CHECK(pyllm_attention_batch(&odd, 1, N_HEAD, N_HEAD_KV, 48, 0.2f, 0, 0.0f, 1) == PYLLM_ERR_TYPE, "48-wide heads");
     const pyllm_kv_layer bad = {k, v, positions, CAP, ROW, ROW, 1, PYLLM_TYPE_Q2_K, PYLLM_TYPE_F16, 0, 0};
     CHECK(pyllm_kv_store(&bad, pos, kin, vin, 1) == PYLLM_ERR_TYPE, "a q2_K cache");
+    const pyllm_kv_layer spanning = {k, v, positions, CAP, ROW, ROW, 0, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0, 48, 0};
+    CHECK(pyllm_kv_store(&spanning, pos, kin, vin, 1) == PYLLM_ERR_TYPE, "a rotation of 48");
+
+    /* a shift of rotated q8_0 keys: each moved key decoded, rotated back, roped by -2, rotated and quantized again */
+    CHECK(pyllm_kv_rotation(PYLLM_TYPE_Q8_0, 64, 0) == 64 && pyllm_kv_rotation(PYLLM_TYPE_Q8_0, 256, 0) == 256 &&
+              pyllm_kv_rotation(PYLLM_TYPE_Q4_0, 256, 1) == 64 && pyllm_kv_rotation(PYLLM_TYPE_F16, 128, 0) == 0 &&
+              pyllm_kv_rotation(PYLLM_TYPE_Q8_0, 96, 0) == 0, "rotation sizes (llama.cpp's rule)");
+    const pyllm_kv_layer full = {k, v, positions, CAP, ROW, ROW, 0, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0, 64, 0};
+    for (int s = 0; s < CAP; ++s) positions[s] = -1;
+    CHECK(pyllm_kv_store(&full, pos, kin, vin, 8) == PYLLM_OK, "rotated store");
+    static uint8_t before[8 * ROW * 2];
+    const int64_t row_bytes = ROW / 32 * (int64_t)sizeof(block_q8_0);
+    memcpy(before, k, (size_t)(8 * row_bytes));
+    CHECK(pyllm_kv_shift(&full, 1, 2, N_HEAD_KV, D, D, 10000.0f, 1.0f, 0) == PYLLM_OK, "rotated shift");
+    int same = positions[0] == 0 && positions[1] == 1 && positions[5] == 5 && positions[6] == -1;
+    for (int p = 3; p < 8; ++p) {
+        float key[ROW];
+        uint8_t want[ROW * 2];
+        dequantize_table[PYLLM_TYPE_Q8_0](before + p * row_bytes, key, ROW);
+        pyllm_hadamard(key, ROW / 64, 64);
+        pyllm_rope(key, (const int32_t[]){-2}, 1, N_HEAD_KV, D, D, 10000.0f, 1.0f, 0);
+        pyllm_hadamard(key, ROW / 64, 64);
+        tier_ops(pyllm_active_tier())->ops->quantize_q8_0(key, want, ROW);
+        same &= memcmp(want, k + (p - 2) * row_bytes, (size_t)row_bytes) == 0;
+    }
+    CHECK(same, "a shift of rotated keys");
 }
 
 int main(void) {
