@@ -1,6 +1,6 @@
 /*
  * ops_neon.c - Advanced SIMD versions of the non-matmul inner loops a decode step spends its time in (attention
- * dots and weighted sums, the softmax, SwiGLU, the norm's scaling, half-precision rounding, a quantized cache's
+ * dots and weighted sums, the softmax, SwiGLU, RoPE, the norm's scaling, half-precision rounding, a quantized cache's
  * values): the generic kernels' operations 4 lanes at a time, giving the same bits (backend/kernel_set.h says what
  * each computes). The rest of the table is the generic tier's. Every aarch64 CPU runs them (the neon tier and the
  * ones above it).
@@ -153,6 +153,32 @@ static void swiglu_neon(const float *g, const float *u, float *y, int64_t n) {
     for (int64_t i = grouped; i < n; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* rope_head_pairs 4 pairs at a time (cos and sin deinterleaved by ld2; the normal style's pairs too), the rest by
+ * the scalar form. */
+static void rope_head_neon(float *head, const float *cos_sin, int64_t n_rot, int neox) {
+    const int64_t half = n_rot / 2, half4 = half / 4 * 4;
+    for (int64_t i = 0; i < half4; i += 4) {
+        const float32x4x2_t cs = vld2q_f32(cos_sin + 2 * i);
+        float32x4_t x0, x1;
+        float32x4x2_t pairs;
+        if (neox) {
+            x0 = vld1q_f32(head + i), x1 = vld1q_f32(head + i + half);
+        } else {
+            pairs = vld2q_f32(head + 2 * i);
+            x0 = pairs.val[0], x1 = pairs.val[1];
+        }
+        const float32x4_t a = vfmaq_f32(vnegq_f32(vmulq_f32(x1, cs.val[1])), x0, cs.val[0]);
+        const float32x4_t b = vfmaq_f32(vmulq_f32(x1, cs.val[0]), x0, cs.val[1]);
+        if (neox) {
+            vst1q_f32(head + i, a), vst1q_f32(head + i + half, b);
+        } else {
+            pairs.val[0] = a, pairs.val[1] = b;
+            vst2q_f32(head + 2 * i, pairs);
+        }
+    }
+    rope_head_pairs(head, cos_sin, half4, n_rot, neox);
+}
+
 static void to_half_neon(const float *x, fp16_t *y, int64_t n) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
@@ -234,7 +260,7 @@ static void dequantize_q4_0_neon(const void *blocks, float *y, int64_t n) {
 
 const op_kernels op_kernels_neon = {dots_neon, softmax_half_neon, weighted_sum_neon, swiglu_neon,
                                     quantize_row_q8_0_act, quantize_row_q8_1_act, quantize_row_q8_K_ref,
-                                    geglu_generic, to_half_neon, round_half_neon, rope_head_generic,
+                                    geglu_generic, to_half_neon, round_half_neon, rope_head_neon,
                                     argmax_generic, scale_max_neon, scale_row_neon, add_scaled_neon,
                                     dequantize_q8_0_neon, dequantize_q4_0_neon, softmax_neon};
 
