@@ -2,6 +2,7 @@
 
     python bench/serve_load.py [MODEL] [--clients 1,4] [--requests 8] [--max-tokens 64] [--threads 2]
                                [--rounds 3] [--llama-server PATH] [--url URL] [--prefix-tokens 400]
+                               [--json OUT.json] [--plot OUT.png]
 
 Starts `pyllm serve MODEL --parallel C` (and, with --llama-server, llama.cpp's `llama-server -np C`
 on the same file and threads), C the largest client count, and sends --requests streaming completions
@@ -19,7 +20,9 @@ to the single client of the same round (median and range). Reports in vLLM's voc
 
 and a prefix-cache probe: TTFT of a prompt with a --prefix-tokens shared prefix, cold and then warm (a
 second request sharing the prefix). Also checks that every answer equals the single-client answer to the
-same prompt. Not run in CI.
+same prompt. --json writes the summary (per server and client count, the medians over rounds) as JSON, which
+--plot (or `pyllm bench --plot OUT.png --serve-load OUT.json`) draws: output throughput and TTFT p99 against
+concurrent clients, one line per server. Not run in CI.
 """
 
 from __future__ import annotations
@@ -288,12 +291,16 @@ def start_server(kind: str, binary: str | None, model: Path, parallel: int, thre
     raise RuntimeError(f"{kind} server did not become healthy")
 
 
+def p99(values: list[float]) -> float:
+    """The 99th percentile, nearest rank (the largest value when there are fewer than 51)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
 def _ms(values: list[float]) -> str:
     if not values:
         return "-"
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"{1e3 * statistics.fmean(values):8.0f} {1e3 * statistics.median(values):8.0f} {1e3 * p99:8.0f}"
+    return f"{1e3 * statistics.fmean(values):8.0f} {1e3 * statistics.median(values):8.0f} {1e3 * p99(values):8.0f}"
 
 
 def report(run: Run) -> None:
@@ -333,7 +340,19 @@ def main() -> None:
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server, to measure side by side")
     parser.add_argument("--url", help="measure this running server (its root, e.g. http://127.0.0.1:8080) instead of "
                         "starting servers")
+    parser.add_argument("--json", dest="json_path", type=Path, help="write the summary here as JSON")
+    parser.add_argument("--plot", dest="plot_path", type=Path,
+                        help="draw throughput and TTFT p99 against concurrent clients into this PNG (needs matplotlib)")
     args = parser.parse_args()
+    for written in (args.json_path, args.plot_path):
+        if written is not None and not written.parent.is_dir():
+            parser.error(f"directory {written.parent} does not exist")
+    if args.plot_path is not None:
+        from pyllm.plot import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            parser.error(str(exc))
 
     model = catalogue.resolve(args.model)
     with GGUFFile(model) as f:
@@ -353,6 +372,7 @@ def main() -> None:
                              "--url takes the server's root, e.g. http://127.0.0.1:8080")
         served_name = listing["data"][0]["id"]
     summary = []
+    rows: list[dict] = []  # the --json summary's results
     for kind, binary in kinds:
         proc = None
         if args.url:
@@ -381,7 +401,14 @@ def main() -> None:
         for clients in counts:
             rates = [run.output_tokens / run.wall for run in runs[clients]]
             decode = [decode_rate(run) for run in runs[clients]]
-            ttft_p99 = statistics.median([sorted(res.ttft for res in run.results)[-1] for run in runs[clients]])
+            ttft_p99 = statistics.median([p99([res.ttft for res in run.results]) for run in runs[clients]])
+            rows.append({
+                "server": kind, "clients": clients, "output_tok_s": statistics.median(rates),
+                "request_s": statistics.median([len(run.results) / run.wall for run in runs[clients]]),
+                "decode_tok_s": statistics.median(decode), "ttft_p99_ms": 1e3 * ttft_p99,
+                "ttft_p50_ms": 1e3 * statistics.median([statistics.median(res.ttft for res in run.results)
+                                                        for run in runs[clients]]),
+                "output_tok_s_rounds": rates})
             line = (f"{kind:10s} clients {clients}: {statistics.median(rates):7.2f} tok/s, decode "
                     f"{statistics.median(decode):7.2f} tok/s, TTFT p99 {1e3 * ttft_p99:6.0f} ms, answers equal to "
                     f"the first run's: {same[clients]}/{len(texts) * args.rounds}")
@@ -398,6 +425,18 @@ def main() -> None:
           f"{args.max_tokens} tokens a run, {args.rounds} rounds, medians; machine {os.cpu_count()} cpus)")
     for line in summary:
         print("  " + line)
+    settings = {"model": model.name, "threads": args.threads, "requests": args.requests, "prompts": args.prompts,
+                "max_tokens": args.max_tokens, "rounds": args.rounds, "cpus": os.cpu_count()}
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps({"settings": settings, "results": rows}, indent=2) + "\n")
+        print(f"wrote {args.json_path}")
+    if args.plot_path is not None:
+        from pyllm import plot
+        title = (f"{model.name} \u00b7 {plot.cpu_description()} \u00b7 {args.threads} threads a server \u00b7 "
+                 f"{args.requests} {args.prompts}-prompt requests of {args.max_tokens} tokens a run")
+        note = f"Medians over {args.rounds} round(s); TTFT p99 of a run's requests (nearest rank)."
+        plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=[note]), args.plot_path)
+        print(f"wrote {args.plot_path}")
 
 
 if __name__ == "__main__":

@@ -490,8 +490,11 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
     rss = benchmarks.peak_rss_bytes()
     if plot_path is not None:
         _draw_bench(plot_path, [r.to_json() for r in records], compare, serve_rows)
+    wrote = f"wrote {plot_path}" if plot_path is not None else ""
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=2))
+        if wrote:
+            click.echo(wrote, err=True)
         return
     click.echo("| model | threads | test | t/s |\n|---|---|---|---|")
     for r in records:
@@ -501,6 +504,8 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
         click.echo(f"threads {lat['n_threads']}: TTFT {lat['ttft_ms']:.0f} ms, TPOT {lat['tpot_ms']:.1f} ms "
                    f"(chat prompt, 32 greedy tokens)")
     click.echo(f"peak RSS {rss / 2**20:.0f} MiB")
+    if wrote:
+        click.echo(wrote, err=True)
 
 
 def _read_json(path: Path, option: str) -> object:
@@ -555,7 +560,6 @@ def _draw_bench(plot_path: Path, records: list[dict], compare: list[dict], serve
         plot.cpu_description(), f"{', '.join(map(str, threads))} thread(s)") if part)
     figure = plot.benchmark_figure({"pyllm": records, "llama.cpp": compare}, serve_rows, title=title)
     plot.save_figure(figure, plot_path)
-    click.echo(f"wrote {plot_path}", err=True)
 
 
 @main.command()

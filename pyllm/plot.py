@@ -43,12 +43,14 @@ def require_matplotlib() -> None:
         raise PlotUnavailable(INSTALL_HINT) from None
 
 
-def cpu_description() -> str:
-    """The CPU's model name and its widest SIMD extension, from /proc/cpuinfo ('' where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and its widest x86 SIMD extension, from /proc/cpuinfo's text ('' where there is none)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    text = cpuinfo
     name, flags = "", set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -148,7 +150,7 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, drawn: int, empty: s
 
 # ---- panels ------------------------------------------------------------------------------------------------------
 
-THREADS = "{} threads"
+THREADS = "t={}"  # llama-bench's -t
 
 
 def _decode_speed_panel(ax: Axes, by_engine: Mapping[str, Sequence[Record]]) -> None:
