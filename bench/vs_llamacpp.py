@@ -2,6 +2,7 @@
 
     python bench/vs_llamacpp.py [MODEL ...] --llama-bench PATH [--threads 1,2] [-p 512] [-n 128] [-r 3]
                                 [-d 0,512,1024] [--rounds 1] [--json OUT.json] [--plot OUT.png]
+    python bench/vs_llamacpp.py --replot OUT.json --plot OUT.png
 
 MODEL: paths or catalogue names (default: the three catalogue models). For each model and thread
 count, runs `llama-bench -p P -n N -d D -t T -r R -o json` and `pyllm bench` with the same settings,
@@ -13,7 +14,8 @@ pair's ratio can be 10-30% off the next one's. llama-bench comes from llama.cpp'
 ../shared/LLAMACPP.md says. --json writes every run's records ({"pyllm": [...], "llama.cpp": [...]}, llama-bench's
 keys); --plot draws them, one PNG per model (OUT-<model>.png when there are several): decode tok/s and TPOT
 against depth, TTFT against prompt length, prompt tok/s against depth, both engines on the same axes (several
-rounds pooled). P, N and D take comma-separated lists, as llama-bench's do. Not run in CI.
+rounds pooled); --replot draws a saved --json again without measuring. P, N and D take comma-separated lists, as
+llama-bench's do. Not run in CI.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
@@ -69,10 +72,35 @@ def plot_path(base: Path, model: Path, n_models: int) -> Path:
     return base if n_models == 1 else base.with_name(f"{base.stem}-{model.stem}{base.suffix}")
 
 
+def draw(records: dict[str, list], out: Path, threads: str, rounds: int) -> None:
+    """One model's records ({"pyllm": [...], "llama.cpp": [...]}) drawn into out."""
+    from pyllm import plot
+    name = Path(next(r for rs in records.values() for r in rs)["model_filename"]).name
+    title = f"{name} \u00b7 {plot.cpu_description()} \u00b7 {threads}"
+    notes = [f"Each engine's repetitions pooled over {rounds} round(s), llama-bench and pyllm bench alternating."]
+    plot.save_figure(plot.benchmark_figure(records, title=title, notes=notes), out)
+    print(f"wrote {out}", flush=True)
+
+
+def replot(saved: Path, base: Path) -> None:
+    """Draw a saved --json's records, one picture per model, as the run that measured them would have."""
+    records = json.loads(saved.read_text())
+    models = list(dict.fromkeys(r["model_filename"] for rs in records.values() for r in rs))
+    for model in models:
+        mine = {who: [r for r in rs if r["model_filename"] == model] for who, rs in records.items()}
+        threads = sorted({r["n_threads"] for rs in mine.values() for r in rs})
+        rounds = max(Counter(record_key(r) for r in mine["pyllm"]).values(), default=1)
+        draw(mine, plot_path(base, Path(model), len(models)), f"{','.join(map(str, threads))} thread(s)", rounds)
+
+
+def record_key(record: dict) -> tuple:
+    return record["n_prompt"], record["n_gen"], record.get("n_depth", 0), record["n_threads"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", default=DEFAULT_MODELS)
-    parser.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench")
+    parser.add_argument("--llama-bench", help="path of llama.cpp's llama-bench (needed unless --replot)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("-p", default="512", help="prompt lengths of the pp tests (comma-separated)")
     parser.add_argument("-n", default="128", help="token counts of the tg tests (comma-separated)")
@@ -81,7 +109,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of the pair per model and thread count")
     parser.add_argument("--json", dest="json_path", type=Path, help="write every run's records here")
     parser.add_argument("--plot", dest="plot_path", type=Path, help="draw the records into this PNG (needs matplotlib)")
+    parser.add_argument("--replot", type=Path, help="a saved --json to draw (with --plot) instead of measuring")
     args = parser.parse_args()
+    if args.replot is None and args.llama_bench is None:
+        parser.error("--llama-bench PATH is needed to measure (or --replot OUT.json --plot OUT.png to draw)")
+    if args.replot is not None and args.plot_path is None:
+        parser.error("--replot draws into --plot OUT.png")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     try:
@@ -97,6 +130,9 @@ def main() -> None:
             require_matplotlib()
         except PlotUnavailable as exc:
             parser.error(str(exc))
+    if args.replot is not None:
+        replot(args.replot, args.plot_path)
+        return
     tests = [((p, 0, d), f"pp{p}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for p in sizes["p"] if p > 0]
     tests += [((0, n, d), f"tg{n}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for n in sizes["n"] if n > 0]
     models = [catalogue.resolve(name) for name in args.models]
@@ -128,12 +164,8 @@ def main() -> None:
         for who, records in model_records.items():
             every_record[who] += records
         if args.plot_path is not None:
-            from pyllm import plot
-            title = f"{model.name} \u00b7 {plot.cpu_description()} \u00b7 {args.threads} thread(s)"
-            notes = [f"Each engine's pooled over {args.rounds} round(s), llama-bench and pyllm bench alternating."]
             out = plot_path(args.plot_path, model, len(models))
-            plot.save_figure(plot.benchmark_figure(model_records, title=title, notes=notes), out)
-            print(f"wrote {out}", flush=True)
+            draw(model_records, out, f"{args.threads} thread(s)", args.rounds)
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(every_record, indent=2) + "\n")
         print(f"wrote {args.json_path}")

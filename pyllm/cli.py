@@ -413,8 +413,9 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[in
 @click.option("-r", "--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print llama-bench-style JSON records.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also draw the results into this PNG: decode tok/s and TPOT against depth, TTFT against prompt "
-                   "length, prompt tok/s against depth (needs matplotlib: pip install 'pyllm[plot]').")
+              help="Also draw the results into this PNG: decode tok/s and TPOT against depth, TTFT (the pp tests' "
+                   "time on an empty cache) against prompt length, prompt tok/s against depth (needs matplotlib: "
+                   "pip install 'pyllm[plot]').")
 @click.option("--compare", "compare_paths", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="llama-bench JSON (`llama-bench -o json`) to draw beside pyllm's as llama.cpp (with --plot; "
                    "repeatable).")
