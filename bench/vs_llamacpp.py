@@ -72,11 +72,11 @@ def plot_path(base: Path, model: Path, n_models: int) -> Path:
     return base if n_models == 1 else base.with_name(f"{base.stem}-{model.stem}{base.suffix}")
 
 
-def draw(records: dict[str, list], out: Path, threads: str, rounds: int) -> None:
+def draw(records: dict[str, list], out: Path, threads: list[int], rounds: int) -> None:
     """One model's records ({"pyllm": [...], "llama.cpp": [...]}) drawn into out."""
     from pyllm import plot
     name = Path(next(r for rs in records.values() for r in rs)["model_filename"]).name
-    title = f"{name} \u00b7 {plot.cpu_description()} \u00b7 {threads}"
+    title = f"{name} \u00b7 {plot.cpu_description()} \u00b7 {plot.threads_phrase(threads)}"
     notes = [f"Each engine's repetitions pooled over {rounds} round(s), llama-bench and pyllm bench alternating."]
     plot.save_figure(plot.benchmark_figure(records, title=title, notes=notes), out)
     print(f"wrote {out}", flush=True)
@@ -90,7 +90,7 @@ def replot(saved: Path, base: Path) -> None:
         mine = {who: [r for r in rs if r["model_filename"] == model] for who, rs in records.items()}
         threads = sorted({r["n_threads"] for rs in mine.values() for r in rs})
         rounds = max(Counter(record_key(r) for r in mine["pyllm"]).values(), default=1)
-        draw(mine, plot_path(base, Path(model), len(models)), f"{','.join(map(str, threads))} thread(s)", rounds)
+        draw(mine, plot_path(base, Path(model), len(models)), threads, rounds)
 
 
 def record_key(record: dict) -> tuple:
@@ -165,7 +165,7 @@ def main() -> None:
             every_record[who] += records
         if args.plot_path is not None:
             out = plot_path(args.plot_path, model, len(models))
-            draw(model_records, out, f"{args.threads} thread(s)", args.rounds)
+            draw(model_records, out, [int(t) for t in args.threads.split(",")], args.rounds)
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(every_record, indent=2) + "\n")
         print(f"wrote {args.json_path}")

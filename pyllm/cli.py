@@ -558,7 +558,7 @@ def _draw_bench(plot_path: Path, records: list[dict], compare: list[dict], serve
     threads = sorted({r["n_threads"] for r in records})
     title = " · ".join(part for part in (
         Path(records[0]["model_filename"]).name if records else "",
-        plot.cpu_description(), f"{', '.join(map(str, threads))} thread(s)") if part)
+        plot.cpu_description(), plot.threads_phrase(threads)) if part)
     figure = plot.benchmark_figure({"pyllm": records, "llama.cpp": compare}, serve_rows, title=title)
     plot.save_figure(figure, plot_path)
 

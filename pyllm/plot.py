@@ -62,6 +62,12 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     return ", ".join(part for part in (name, simd) if part)
 
 
+def threads_phrase(counts: Sequence[int]) -> str:
+    """'1 thread', '2 threads', '1, 2 threads': a title's thread counts."""
+    ordered = sorted(set(counts))
+    return f"{', '.join(map(str, ordered))} thread{'' if ordered == [1] else 's'}"
+
+
 # ---- series: records grouped into lines ---------------------------------------------------------------------------
 
 def _style(engine: str, index: int) -> dict:
@@ -172,12 +178,15 @@ def _tpot_panel(ax: Axes, by_engine: Mapping[str, Sequence[Record]]) -> None:
 
 
 def _prefill_speed_panel(ax: Axes, by_engine: Mapping[str, Sequence[Record]]) -> None:
-    drawn = _draw(ax, by_engine, lambda r: r["n_prompt"] > 0 and r["n_gen"] == 0,
-                  lambda r: (_model_name(r), r["n_prompt"], r["n_threads"]), ["{}", "pp{}", THREADS],
+    """The longest prompt's speed only: one line an engine (the shorter ones are in the TTFT panel)."""
+    pp = [r for rs in by_engine.values() for r in rs if r["n_prompt"] > 0 and r["n_gen"] == 0]
+    longest = max((r["n_prompt"] for r in pp), default=0)
+    drawn = _draw(ax, by_engine, lambda r: r["n_prompt"] == longest and r["n_gen"] == 0,
+                  lambda r: (_model_name(r), r["n_threads"]), ["{}", THREADS],
                   lambda r: r.get("n_depth", 0), _pp_rate)
-    depths = [r.get("n_depth", 0) for rs in by_engine.values() for r in rs if r["n_prompt"] > 0]
-    _finish(ax, "Prompt processing speed against context depth", "context depth (tokens already in the cache)",
-            "prompt tokens/s", drawn, "no pp tests", depths)
+    _finish(ax, f"Prompt processing (pp{longest}) speed against context depth",
+            "context depth (tokens already in the cache)", "prompt tokens/s", drawn, "no pp tests",
+            [r.get("n_depth", 0) for r in pp])
 
 
 def _ttft_panel(ax: Axes, by_engine: Mapping[str, Sequence[Record]]) -> None:

@@ -136,7 +136,8 @@ def test_the_figure_draws_both_engines_against_depth_prompt_length_and_clients()
     panels = _panels(figure)
     assert sorted(panels) == sorted([
         "Decode speed against context depth", "Time per output token (TPOT) against context depth",
-        "Time to first token against prompt length (empty cache)", "Prompt processing speed against context depth",
+        "Time to first token against prompt length (empty cache)",
+        "Prompt processing (pp128) speed against context depth",
         "Serving: output throughput against concurrent clients", "Serving: TTFT p99 against concurrent clients"])
 
     decode = _lines(panels["Decode speed against context depth"])
@@ -156,8 +157,11 @@ def test_the_figure_draws_both_engines_against_depth_prompt_length_and_clients()
     assert list(ttft["pyllm"].get_xdata()) == [64, 128]   # the depth-0 pp records only
     np.testing.assert_allclose(ttft["pyllm"].get_ydata(), [1.05 * 64, 1.05 * 128])
 
-    prefill = _lines(panels["Prompt processing speed against context depth"])
-    assert sorted(prefill) == ["llama.cpp (pp128)", "llama.cpp (pp64)", "pyllm (pp128)", "pyllm (pp64)"]
+    prefill = _lines(panels["Prompt processing (pp128) speed against context depth"])  # the longest prompt's
+    assert sorted(prefill) == ["llama.cpp", "pyllm"] and list(prefill["pyllm"].get_xdata()) == DEPTHS
+    np.testing.assert_allclose(prefill["pyllm"].get_ydata(),
+                               [np.mean([128 / (ns / 1e9) for ns in _record(128, 0, d, 128 + d / 8)["samples_ns"]])
+                                for d in DEPTHS])
 
     throughput = _lines(panels["Serving: output throughput against concurrent clients"])
     assert list(throughput["llama.cpp"].get_xdata()) == [1, 2, 4]
@@ -243,6 +247,10 @@ def test_plot_is_imported_only_when_a_picture_is_asked_for() -> None:
     code = "import sys, pyllm.cli, pyllm.bench; print('matplotlib' in sys.modules, 'pyllm.plot' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_titles_count_threads_in_words() -> None:
+    assert [plot.threads_phrase(c) for c in ([1], [2], [2, 1, 2])] == ["1 thread", "2 threads", "1, 2 threads"]
 
 
 def test_cpu_description_names_the_cpu_and_its_widest_simd() -> None:
