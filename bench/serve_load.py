@@ -343,6 +343,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", type=Path, help="write the summary here as JSON")
     parser.add_argument("--plot", dest="plot_path", type=Path,
                         help="draw throughput and TTFT p99 against concurrent clients into this PNG (needs matplotlib)")
+    parser.add_argument("--note", default="", help="a line for the picture's foot, e.g. how busy the machine was")
     args = parser.parse_args()
     for written in (args.json_path, args.plot_path):
         if written is not None and not written.parent.is_dir():
@@ -432,10 +433,12 @@ def main() -> None:
         print(f"wrote {args.json_path}")
     if args.plot_path is not None:
         from pyllm import plot
-        title = (f"{model.name} \u00b7 {plot.cpu_description()} \u00b7 {args.threads} threads a server \u00b7 "
-                 f"{args.requests} {args.prompts}-prompt requests of {args.max_tokens} tokens a run")
-        note = f"Medians over {args.rounds} round(s); TTFT p99 of a run's requests (nearest rank)."
-        plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=[note]), args.plot_path)
+        title = (f"{model.name} \u00b7 {plot.cpu_description()} \u00b7 {plot.threads_phrase([args.threads])} a "
+                 f"server \u00b7 {args.requests} {args.prompts}-prompt requests of {args.max_tokens} tokens a run")
+        note = (f"Medians over {args.rounds} round(s); TTFT p99 of a run's requests (nearest rank). Every run sends "
+                "the same prompts: after a server's first run they may be in its prefix cache.")
+        notes = [note] + ([args.note] if args.note else [])
+        plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=notes), args.plot_path)
         print(f"wrote {args.plot_path}")
 
 

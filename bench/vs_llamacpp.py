@@ -72,17 +72,18 @@ def plot_path(base: Path, model: Path, n_models: int) -> Path:
     return base if n_models == 1 else base.with_name(f"{base.stem}-{model.stem}{base.suffix}")
 
 
-def draw(records: dict[str, list], out: Path, threads: list[int], rounds: int) -> None:
+def draw(records: dict[str, list], out: Path, threads: list[int], rounds: int, note: str = "") -> None:
     """One model's records ({"pyllm": [...], "llama.cpp": [...]}) drawn into out."""
     from pyllm import plot
     name = Path(next(r for rs in records.values() for r in rs)["model_filename"]).name
     title = f"{name} \u00b7 {plot.cpu_description()} \u00b7 {plot.threads_phrase(threads)}"
     notes = [f"Each engine's repetitions pooled over {rounds} round(s), llama-bench and pyllm bench alternating."]
+    notes += [note] if note else []
     plot.save_figure(plot.benchmark_figure(records, title=title, notes=notes), out)
     print(f"wrote {out}", flush=True)
 
 
-def replot(saved: Path, base: Path) -> None:
+def replot(saved: Path, base: Path, note: str) -> None:
     """Draw a saved --json's records, one picture per model, as the run that measured them would have."""
     records = json.loads(saved.read_text())
     models = list(dict.fromkeys(r["model_filename"] for rs in records.values() for r in rs))
@@ -90,7 +91,7 @@ def replot(saved: Path, base: Path) -> None:
         mine = {who: [r for r in rs if r["model_filename"] == model] for who, rs in records.items()}
         threads = sorted({r["n_threads"] for rs in mine.values() for r in rs})
         rounds = max(Counter(record_key(r) for r in mine["pyllm"]).values(), default=1)
-        draw(mine, plot_path(base, Path(model), len(models)), threads, rounds)
+        draw(mine, plot_path(base, Path(model), len(models)), threads, rounds, note)
 
 
 def record_key(record: dict) -> tuple:
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", type=Path, help="write every run's records here")
     parser.add_argument("--plot", dest="plot_path", type=Path, help="draw the records into this PNG (needs matplotlib)")
     parser.add_argument("--replot", type=Path, help="a saved --json to draw (with --plot) instead of measuring")
+    parser.add_argument("--note", default="", help="a line for the picture's foot, e.g. how busy the machine was")
     args = parser.parse_args()
     if args.replot is None and args.llama_bench is None:
         parser.error("--llama-bench PATH is needed to measure (or --replot OUT.json --plot OUT.png to draw)")
@@ -131,7 +133,7 @@ def main() -> None:
         except PlotUnavailable as exc:
             parser.error(str(exc))
     if args.replot is not None:
-        replot(args.replot, args.plot_path)
+        replot(args.replot, args.plot_path, args.note)
         return
     tests = [((p, 0, d), f"pp{p}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for p in sizes["p"] if p > 0]
     tests += [((0, n, d), f"tg{n}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for n in sizes["n"] if n > 0]
@@ -165,7 +167,7 @@ def main() -> None:
             every_record[who] += records
         if args.plot_path is not None:
             out = plot_path(args.plot_path, model, len(models))
-            draw(model_records, out, [int(t) for t in args.threads.split(",")], args.rounds)
+            draw(model_records, out, [int(t) for t in args.threads.split(",")], args.rounds, args.note)
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(every_record, indent=2) + "\n")
         print(f"wrote {args.json_path}")
