@@ -402,16 +402,17 @@ def main() -> None:
         for clients in counts:
             rates = [run.output_tokens / run.wall for run in runs[clients]]
             decode = [decode_rate(run) for run in runs[clients]]
-            ttft_p99 = statistics.median([p99([res.ttft for res in run.results]) for run in runs[clients]])
+            ttft_p99s = [1e3 * p99([res.ttft for res in run.results]) for run in runs[clients]]
+            ttft_p99_ms = statistics.median(ttft_p99s)
             rows.append({
                 "server": kind, "clients": clients, "output_tok_s": statistics.median(rates),
                 "request_s": statistics.median([len(run.results) / run.wall for run in runs[clients]]),
-                "decode_tok_s": statistics.median(decode), "ttft_p99_ms": 1e3 * ttft_p99,
+                "decode_tok_s": statistics.median(decode), "ttft_p99_ms": ttft_p99_ms,
                 "ttft_p50_ms": 1e3 * statistics.median([statistics.median(res.ttft for res in run.results)
                                                         for run in runs[clients]]),
-                "output_tok_s_rounds": rates})
+                "output_tok_s_rounds": rates, "ttft_p99_ms_rounds": ttft_p99s})
             line = (f"{kind:10s} clients {clients}: {statistics.median(rates):7.2f} tok/s, decode "
-                    f"{statistics.median(decode):7.2f} tok/s, TTFT p99 {1e3 * ttft_p99:6.0f} ms, answers equal to "
+                    f"{statistics.median(decode):7.2f} tok/s, TTFT p99 {ttft_p99_ms:6.0f} ms, answers equal to "
                     f"the first run's: {same[clients]}/{len(texts) * args.rounds}")
             if clients != base:
                 line += (f"; vs {base} client(s) in the same round: output "
@@ -435,8 +436,8 @@ def main() -> None:
         from pyllm import plot
         title = (f"{model.name} \u00b7 {plot.cpu_description()} \u00b7 {plot.threads_phrase([args.threads])} a "
                  f"server \u00b7 {args.requests} {args.prompts}-prompt requests of {args.max_tokens} tokens a run")
-        note = (f"Medians over {args.rounds} round(s); TTFT p99 of a run's requests (nearest rank). Every run sends "
-                "the same prompts: after a server's first run they may be in its prefix cache.")
+        note = (f"{args.rounds} round(s); TTFT p99 of a run's requests (nearest rank). Every run sends the same "
+                "prompts: after a server's first run they may be in its prefix cache.")
         notes = [note] + ([args.note] if args.note else [])
         plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=notes), args.plot_path)
         print(f"wrote {args.plot_path}")

@@ -27,6 +27,7 @@ LINESTYLES = ["-", "--", ":", "-."]  # told apart within an engine: one per test
 TTFT_NOTE = ("TTFT: the pp test's prefill of a p-token prompt on an empty cache, whose last row's logits give the "
              "first token (tokenization and sampling excluded).")
 ERROR_NOTE = "Bars: \u00b11 standard deviation over repetitions."
+SERVE_NOTE = "Serving: medians over rounds; bars: the range over rounds."
 
 Record = Mapping[str, Any]
 
@@ -200,13 +201,22 @@ def _ttft_panel(ax: Axes, by_engine: Mapping[str, Sequence[Record]]) -> None:
 
 
 def _serve_panel(ax: Axes, rows: Sequence[Record], field: str, title: str, ylabel: str) -> None:
-    by_server: dict[str, dict[int, float]] = {}
+    """One line per server: field (a median over rounds) against clients, and where the rows carry each round's
+    value (field + "_rounds"), their range as a bar."""
+    by_server: dict[str, dict[int, Record]] = {}
     for row in rows:
-        by_server.setdefault(row["server"], {})[int(row["clients"])] = float(row[field])
+        by_server.setdefault(row["server"], {})[int(row["clients"])] = row
     for index, (server, points) in enumerate(by_server.items()):
         clients = sorted(points)
+        medians = [float(points[c][field]) for c in clients]
         style = _style(server, index)
-        ax.plot(clients, [points[c] for c in clients], label=server, color=style["color"], marker=style["marker"])
+        ax.plot(clients, medians, label=server, color=style["color"], marker=style["marker"])
+        rounds = [points[c].get(f"{field}_rounds") or [m] for c, m in zip(clients, medians, strict=True)]
+        below = [m - min(r) for m, r in zip(medians, rounds, strict=True)]
+        above = [max(r) - m for m, r in zip(medians, rounds, strict=True)]
+        if any(below) or any(above):
+            ax.errorbar(clients, medians, yerr=[below, above], fmt="none", ecolor=style["color"], capsize=3,
+                        alpha=0.7, label="_nolegend_")
     _finish(ax, title, "concurrent clients", ylabel, len(by_server), "no serve_load results",
             [int(row["clients"]) for row in rows])
 
@@ -241,7 +251,7 @@ def benchmark_figure(bench: Mapping[str, Sequence[Record]] | None = None, serve_
                      "TTFT p99 (ms)")
     if title:
         figure.suptitle(title, fontsize=12)
-    footer = ([TTFT_NOTE, ERROR_NOTE] if bench else []) + list(notes)
+    footer = ([TTFT_NOTE, ERROR_NOTE] if bench else []) + ([SERVE_NOTE] if serve_rows else []) + list(notes)
     if footer:
         figure.supxlabel("\n".join(footer), fontsize=8, color="dimgray")
     return figure

@@ -132,6 +132,8 @@ def _lines(ax) -> dict[str, object]:
 def test_the_figure_draws_both_engines_against_depth_prompt_length_and_clients() -> None:
     serve = [{"server": s, "clients": c, "output_tok_s": 50.0 * c / k, "ttft_p99_ms": 100.0 * c * k}
              for s, k in (("pyllm", 1), ("llama.cpp", 2)) for c in (1, 2, 4)]
+    for row in serve[:3]:  # pyllm's rounds: the bars span them
+        row["output_tok_s_rounds"] = [0.5 * row["output_tok_s"], row["output_tok_s"], 1.5 * row["output_tok_s"]]
     figure = plot.benchmark_figure({"pyllm": _records(1.0), "llama.cpp": _records(1.5)}, serve, title="t")
     panels = _panels(figure)
     assert sorted(panels) == sorted([
@@ -167,6 +169,10 @@ def test_the_figure_draws_both_engines_against_depth_prompt_length_and_clients()
     assert list(throughput["llama.cpp"].get_xdata()) == [1, 2, 4]
     assert list(throughput["llama.cpp"].get_ydata()) == [25.0, 50.0, 100.0]
     assert list(_lines(panels["Serving: TTFT p99 against concurrent clients"])["pyllm"].get_ydata()) == [100, 200, 400]
+    bars = panels["Serving: output throughput against concurrent clients"].containers
+    assert len(bars) == 1  # llama.cpp's rows carry no rounds
+    assert [tuple(segment[:, 1]) for segment in bars[0].lines[2][0].get_segments()] == [(25, 75), (50, 150), (100, 300)]
+    assert not panels["Serving: TTFT p99 against concurrent clients"].containers
     assert figure.get_suptitle() == "t"
 
 
