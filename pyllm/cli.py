@@ -559,7 +559,10 @@ def _draw_bench(plot_path: Path, records: list[dict], compare: list[dict], serve
     title = " · ".join(part for part in (
         Path(records[0]["model_filename"]).name if records else "",
         plot.cpu_description(), plot.threads_phrase(threads)) if part)
-    figure = plot.benchmark_figure({"pyllm": records, "llama.cpp": compare}, serve_rows, title=title)
+    try:
+        figure = plot.benchmark_figure({"pyllm": records, "llama.cpp": compare}, serve_rows, title=title)
+    except ValueError as exc:  # no tests ran (-p 0 -n 0) and nothing was given to compare
+        raise click.ClickException(f"--plot: {exc}") from None
     plot.save_figure(figure, plot_path)
 
 
