@@ -76,7 +76,7 @@ def _style(engine: str, index: int) -> dict:
 
 
 def _label(engine: str, key: tuple, varying: Sequence[bool], names: Sequence[str]) -> str:
-    """The engine's name, and the parts of the series key that differ between its series (e.g. 'tg32, 2 threads')."""
+    """The engine's name, and the parts of the series key that differ between its series (e.g. 'tg32, t=2')."""
     parts = [name.format(value) for value, varies, name in zip(key, varying, names, strict=True) if varies]
     return engine + (f" ({', '.join(parts)})" if parts else "")
 
