@@ -3,6 +3,7 @@
     python bench/serve_load.py [MODEL] [--clients 1,4] [--requests 8] [--max-tokens 64] [--threads 2]
                                [--rounds 3] [--llama-server PATH] [--url URL] [--prefix-tokens 400]
                                [--json OUT.json] [--plot OUT.png]
+    python bench/serve_load.py --replot OUT.json --plot OUT.png
 
 Starts `pyllm serve MODEL --parallel C` (and, with --llama-server, llama.cpp's `llama-server -np C`
 on the same file and threads), C the largest client count, and sends --requests streaming completions
@@ -22,7 +23,7 @@ and a prefix-cache probe: TTFT of a prompt with a --prefix-tokens shared prefix,
 second request sharing the prefix). Also checks that every answer equals the single-client answer to the
 same prompt. --json writes the summary (per server and client count, the medians over rounds) as JSON, which
 --plot (or `pyllm bench --plot OUT.png --serve-load OUT.json`) draws: output throughput and TTFT p99 against
-concurrent clients, one line per server. Not run in CI.
+concurrent clients, one line per server; --replot draws a saved --json again. Not run in CI.
 """
 
 from __future__ import annotations
@@ -344,6 +345,7 @@ def main() -> None:
     parser.add_argument("--plot", dest="plot_path", type=Path,
                         help="draw throughput and TTFT p99 against concurrent clients into this PNG (needs matplotlib)")
     parser.add_argument("--note", default="", help="a line for the picture's foot, e.g. how busy the machine was")
+    parser.add_argument("--replot", type=Path, help="a saved --json to draw (with --plot) instead of measuring")
     args = parser.parse_args()
     for written in (args.json_path, args.plot_path):
         if written is not None and not written.parent.is_dir():
@@ -354,6 +356,12 @@ def main() -> None:
             require_matplotlib()
         except PlotUnavailable as exc:
             parser.error(str(exc))
+    if args.replot is not None:
+        if args.plot_path is None:
+            parser.error("--replot draws into --plot OUT.png")
+        saved = json.loads(args.replot.read_text())
+        draw(saved["results"], saved["settings"], args.plot_path, args.note)
+        return
 
     model = catalogue.resolve(args.model)
     with GGUFFile(model) as f:
@@ -433,14 +441,19 @@ def main() -> None:
         args.json_path.write_text(json.dumps({"settings": settings, "results": rows}, indent=2) + "\n")
         print(f"wrote {args.json_path}")
     if args.plot_path is not None:
-        from pyllm import plot
-        title = (f"{model.name} \u00b7 {plot.cpu_description()} \u00b7 {plot.threads_phrase([args.threads])} a "
-                 f"server \u00b7 {args.requests} {args.prompts}-prompt requests of {args.max_tokens} tokens a run")
-        note = (f"{args.rounds} round(s); TTFT p99 of a run's requests (nearest rank). Every run sends the same "
-                "prompts: after a server's first run they may be in its prefix cache.")
-        notes = [note] + ([args.note] if args.note else [])
-        plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=notes), args.plot_path)
-        print(f"wrote {args.plot_path}")
+        draw(rows, settings, args.plot_path, args.note)
+
+
+def draw(rows: list[dict], settings: dict, out: Path, note: str) -> None:
+    """The --json summary's rows as a picture: throughput and TTFT p99 against concurrent clients."""
+    from pyllm import plot
+    threads = plot.threads_phrase([settings["threads"]])
+    title = (f"{settings['model']} \u00b7 {plot.cpu_description()} \u00b7 {threads} a server \u00b7 "
+             f"{settings['requests']} {settings['prompts']}-prompt requests of {settings['max_tokens']} tokens a run")
+    notes = [f"{settings['rounds']} round(s); TTFT p99 of a run's requests (nearest rank). Every run sends the same "
+             "prompts: after a server's first run they may be in its prefix cache."] + ([note] if note else [])
+    plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=notes), out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

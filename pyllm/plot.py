@@ -140,15 +140,19 @@ def _draw(ax: Axes, by_engine: Mapping[str, Sequence[Record]], select: Callable[
     return drawn
 
 
-def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, drawn: int, empty: str, xticks: Sequence[float]) -> None:
+def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, drawn: int, empty: str, xticks: Sequence[float],
+            log_y: bool = False) -> None:
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(ylabel + (" (log scale)" if log_y else ""))
     ax.grid(True, alpha=0.3)
     if not drawn:
         ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="gray")
         return
-    ax.set_ylim(bottom=0)  # speeds compared from zero, so a ratio looks like one
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)  # speeds compared from zero, so a ratio looks like one
     if xticks:
         ax.set_xticks(sorted(set(xticks)))
         ax.tick_params(axis="x", labelrotation=45 if len(set(xticks)) > 6 else 0)
@@ -200,7 +204,8 @@ def _ttft_panel(ax: Axes, by_engine: Mapping[str, Sequence[Record]]) -> None:
             drawn, "no pp tests", [r["n_prompt"] for r in pp])
 
 
-def _serve_panel(ax: Axes, rows: Sequence[Record], field: str, title: str, ylabel: str) -> None:
+def _serve_panel(ax: Axes, rows: Sequence[Record], field: str, title: str, ylabel: str,
+                 log_when_spread: bool = False) -> None:
     """One line per server: field (a median over rounds) against clients, and where the rows carry each round's
     value (field + "_rounds"), their range as a bar."""
     by_server: dict[str, dict[int, Record]] = {}
@@ -217,8 +222,12 @@ def _serve_panel(ax: Axes, rows: Sequence[Record], field: str, title: str, ylabe
         if any(below) or any(above):
             ax.errorbar(clients, medians, yerr=[below, above], fmt="none", ecolor=style["color"], capsize=3,
                         alpha=0.7, label="_nolegend_")
+    values = [v for row in rows for v in (row.get(f"{field}_rounds") or [row[field]])]
+    # a latency that spans more than tenfold (a cold run's prefills beside cached ones) on a log scale, so the
+    # widest round does not flatten every median against the axis
+    spread = min(values) > 0 and max(values) / min(values) > 10
     _finish(ax, title, "concurrent clients", ylabel, len(by_server), "no serve_load results",
-            [int(row["clients"]) for row in rows])
+            [int(row["clients"]) for row in rows], log_y=log_when_spread and spread)
 
 
 def benchmark_figure(bench: Mapping[str, Sequence[Record]] | None = None, serve_load: Sequence[Record] | None = None,
@@ -248,7 +257,7 @@ def benchmark_figure(bench: Mapping[str, Sequence[Record]] | None = None, serve_
         _serve_panel(axes[row][0], serve_rows, "output_tok_s", "Serving: output throughput against concurrent clients",
                      "output tokens/s (all clients)")
         _serve_panel(axes[row][1], serve_rows, "ttft_p99_ms", "Serving: TTFT p99 against concurrent clients",
-                     "TTFT p99 (ms)")
+                     "TTFT p99 (ms)", log_when_spread=True)
     if title:
         figure.suptitle(title, fontsize=12)
     footer = ([TTFT_NOTE, ERROR_NOTE] if bench else []) + ([SERVE_NOTE] if serve_rows else []) + list(notes)

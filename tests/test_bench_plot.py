@@ -172,7 +172,11 @@ def test_the_figure_draws_both_engines_against_depth_prompt_length_and_clients()
     bars = panels["Serving: output throughput against concurrent clients"].containers
     assert len(bars) == 1  # llama.cpp's rows carry no rounds
     assert [tuple(segment[:, 1]) for segment in bars[0].lines[2][0].get_segments()] == [(25, 75), (50, 150), (100, 300)]
-    assert not panels["Serving: TTFT p99 against concurrent clients"].containers
+    ttft_p99 = panels["Serving: TTFT p99 against concurrent clients"]
+    assert not ttft_p99.containers and ttft_p99.get_yscale() == "linear"  # 100-800 ms: within tenfold
+    serve[0]["ttft_p99_ms_rounds"] = [50.0, 100.0, 6000.0]  # a cold first round
+    spread = _panels(plot.benchmark_figure(serve_load=serve))["Serving: TTFT p99 against concurrent clients"]
+    assert spread.get_yscale() == "log" and spread.get_ylabel() == "TTFT p99 (ms) (log scale)"
     assert figure.get_suptitle() == "t"
 
 
