@@ -2,6 +2,8 @@
 
     python bench/serve_load.py [MODEL] [--clients 1,4] [--requests 8] [--max-tokens 64] [--threads 2]
                                [--rounds 3] [--llama-server PATH] [--url URL] [--prefix-tokens 400]
+                               [--json OUT.json] [--plot OUT.png]
+    python bench/serve_load.py --replot OUT.json --plot OUT.png
 
 Starts `pyllm serve MODEL --parallel C` (and, with --llama-server, llama.cpp's `llama-server -np C`
 on the same file and threads), C the largest client count, and sends --requests streaming completions
@@ -19,7 +21,9 @@ to the single client of the same round (median and range). Reports in vLLM's voc
 
 and a prefix-cache probe: TTFT of a prompt with a --prefix-tokens shared prefix, cold and then warm (a
 second request sharing the prefix). Also checks that every answer equals the single-client answer to the
-same prompt. Not run in CI.
+same prompt. --json writes the summary (per server and client count, the medians over rounds) as JSON, which
+--plot (or `pyllm bench --plot OUT.png --serve-load OUT.json`) draws: output throughput and TTFT p99 against
+concurrent clients, one line per server; --replot draws a saved --json again. Not run in CI.
 """
 
 from __future__ import annotations
@@ -288,12 +292,16 @@ def start_server(kind: str, binary: str | None, model: Path, parallel: int, thre
     raise RuntimeError(f"{kind} server did not become healthy")
 
 
+def p99(values: list[float]) -> float:
+    """The 99th percentile, nearest rank (the largest value when there are fewer than 51)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
 def _ms(values: list[float]) -> str:
     if not values:
         return "-"
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"{1e3 * statistics.fmean(values):8.0f} {1e3 * statistics.median(values):8.0f} {1e3 * p99:8.0f}"
+    return f"{1e3 * statistics.fmean(values):8.0f} {1e3 * statistics.median(values):8.0f} {1e3 * p99(values):8.0f}"
 
 
 def report(run: Run) -> None:
@@ -333,7 +341,27 @@ def main() -> None:
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server, to measure side by side")
     parser.add_argument("--url", help="measure this running server (its root, e.g. http://127.0.0.1:8080) instead of "
                         "starting servers")
+    parser.add_argument("--json", dest="json_path", type=Path, help="write the summary here as JSON")
+    parser.add_argument("--plot", dest="plot_path", type=Path,
+                        help="draw throughput and TTFT p99 against concurrent clients into this PNG (needs matplotlib)")
+    parser.add_argument("--note", default="", help="a line for the picture's foot, e.g. how busy the machine was")
+    parser.add_argument("--replot", type=Path, help="a saved --json to draw (with --plot) instead of measuring")
     args = parser.parse_args()
+    for written in (args.json_path, args.plot_path):
+        if written is not None and not written.parent.is_dir():
+            parser.error(f"directory {written.parent} does not exist")
+    if args.plot_path is not None:
+        from pyllm.plot import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            parser.error(str(exc))
+    if args.replot is not None:
+        if args.plot_path is None:
+            parser.error("--replot draws into --plot OUT.png")
+        saved = json.loads(args.replot.read_text())
+        draw(saved["results"], saved["settings"], args.plot_path, args.note)
+        return
 
     model = catalogue.resolve(args.model)
     with GGUFFile(model) as f:
@@ -353,6 +381,7 @@ def main() -> None:
                              "--url takes the server's root, e.g. http://127.0.0.1:8080")
         served_name = listing["data"][0]["id"]
     summary = []
+    rows: list[dict] = []  # the --json summary's results
     for kind, binary in kinds:
         proc = None
         if args.url:
@@ -381,9 +410,17 @@ def main() -> None:
         for clients in counts:
             rates = [run.output_tokens / run.wall for run in runs[clients]]
             decode = [decode_rate(run) for run in runs[clients]]
-            ttft_p99 = statistics.median([sorted(res.ttft for res in run.results)[-1] for run in runs[clients]])
+            ttft_p99s = [1e3 * p99([res.ttft for res in run.results]) for run in runs[clients]]
+            ttft_p99_ms = statistics.median(ttft_p99s)
+            rows.append({
+                "server": kind, "clients": clients, "output_tok_s": statistics.median(rates),
+                "request_s": statistics.median([len(run.results) / run.wall for run in runs[clients]]),
+                "decode_tok_s": statistics.median(decode), "ttft_p99_ms": ttft_p99_ms,
+                "ttft_p50_ms": 1e3 * statistics.median([statistics.median(res.ttft for res in run.results)
+                                                        for run in runs[clients]]),
+                "output_tok_s_rounds": rates, "ttft_p99_ms_rounds": ttft_p99s})
             line = (f"{kind:10s} clients {clients}: {statistics.median(rates):7.2f} tok/s, decode "
-                    f"{statistics.median(decode):7.2f} tok/s, TTFT p99 {1e3 * ttft_p99:6.0f} ms, answers equal to "
+                    f"{statistics.median(decode):7.2f} tok/s, TTFT p99 {ttft_p99_ms:6.0f} ms, answers equal to "
                     f"the first run's: {same[clients]}/{len(texts) * args.rounds}")
             if clients != base:
                 line += (f"; vs {base} client(s) in the same round: output "
@@ -398,6 +435,25 @@ def main() -> None:
           f"{args.max_tokens} tokens a run, {args.rounds} rounds, medians; machine {os.cpu_count()} cpus)")
     for line in summary:
         print("  " + line)
+    settings = {"model": model.name, "threads": args.threads, "requests": args.requests, "prompts": args.prompts,
+                "max_tokens": args.max_tokens, "rounds": args.rounds, "cpus": os.cpu_count()}
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps({"settings": settings, "results": rows}, indent=2) + "\n")
+        print(f"wrote {args.json_path}")
+    if args.plot_path is not None:
+        draw(rows, settings, args.plot_path, args.note)
+
+
+def draw(rows: list[dict], settings: dict, out: Path, note: str) -> None:
+    """The --json summary's rows as a picture: throughput and TTFT p99 against concurrent clients."""
+    from pyllm import plot
+    threads = plot.threads_phrase([settings["threads"]])
+    title = (f"{settings['model']} \u00b7 {plot.cpu_description()} \u00b7 {threads} a server \u00b7 "
+             f"{settings['requests']} {settings['prompts']}-prompt requests of {settings['max_tokens']} tokens a run")
+    notes = [f"{settings['rounds']} round(s); TTFT p99 of a run's requests (nearest rank). Every run sends the same "
+             "prompts: after a server's first run they may be in its prefix cache."] + ([note] if note else [])
+    plot.save_figure(plot.benchmark_figure(serve_load=rows, title=title, notes=notes), out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

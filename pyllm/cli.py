@@ -454,13 +454,27 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[in
               help="Token counts for the tg tests (comma-separated; 0 skips).")
 @click.option("-t", "--threads", default=None, callback=lambda c, p, v: None if v is None else _int_list(c, p, v),
               help="Thread counts (comma-separated; default: all physical cores).")
+@click.option("-d", "--n-depth", default="0", show_default=True, callback=_int_list,
+              help="Context depths (comma-separated): tokens put in the cache, untimed, before each pp and tg test.")
 @click.option("-r", "--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print llama-bench-style JSON records.")
-def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] | None, repetitions: int,
-          as_json: bool) -> None:
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the results into this PNG: decode tok/s and TPOT against depth, TTFT (the pp tests' "
+                   "time on an empty cache) against prompt length, prompt tok/s against depth (needs matplotlib: "
+                   "pip install 'pyllm[plot]').")
+@click.option("--compare", "compare_paths", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="llama-bench JSON (`llama-bench -o json`) to draw beside pyllm's as llama.cpp (with --plot; "
+                   "repeatable).")
+@click.option("--serve-load", "serve_load_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="`bench/serve_load.py --json` output: adds throughput and TTFT p99 against concurrent clients "
+                   "(with --plot).")
+def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] | None, n_depth: list[int],
+          repetitions: int, as_json: bool, plot_path: Path | None, compare_paths: tuple[Path, ...],
+          serve_load_path: Path | None) -> None:
     """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does.
 
-    Also reports time to first token and time per output token for a real chat prompt,
+    With -d, each test runs after that many tokens are in the cache (llama-bench's -d; shown as
+    `pp512 @ d1024`). Also reports time to first token and time per output token for a real chat prompt,
     and the process's peak RSS. A progress bar runs on stderr when it is a terminal (not with --json).
     """
     import time
@@ -468,12 +482,19 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
     from . import bench as benchmarks
     from .kernels import physical_cores
 
+    compare: list[dict] = []
+    serve_rows: list[dict] = []
+    if plot_path is not None:  # checked before the minutes of measuring, not after
+        compare, serve_rows = _plot_inputs(plot_path, compare_paths, serve_load_path)
+    elif compare_paths or serve_load_path:
+        raise click.UsageError("--compare and --serve-load are drawn by --plot: add --plot OUT.png")
     thread_counts = threads or [physical_cores()]
     path = str(_resolve(model))
     n_pp, n_tg = [p for p in n_prompt if p > 0], [n for n in n_gen if n > 0]
+    depths = list(dict.fromkeys(n_depth))
     # a step per timed run (and its warm-up), and one for the chat-prompt latency run, per thread count
     bar = _progress_bar(not as_json, desc="bench", unit="run",
-                        total=len(thread_counts) * ((len(n_pp) + len(n_tg)) * (repetitions + 1) + 1))
+                        total=len(thread_counts) * (len(depths) * (len(n_pp) + len(n_tg)) * (repetitions + 1) + 1))
 
     def step(test: str) -> Callable[[], None]:
         if bar is None:
@@ -486,12 +507,15 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
         for n_threads in thread_counts:
             llm = _load(path, max([*n_prompt, *n_gen, 64]) + 64, n_threads, None)
             assert llm.model is not None
-            for p in n_pp:
-                records.append(benchmarks.bench_prompt(llm.model, path, p, n_threads, repetitions,
-                                                       on_run=step(f"pp{p}, {n_threads} threads")))
-            for n in n_tg:
-                records.append(benchmarks.bench_generation(llm.model, path, n, n_threads, repetitions,
-                                                           on_run=step(f"tg{n}, {n_threads} threads")))
+            for d in depths:
+                for p in n_pp:
+                    records.append(benchmarks.bench_prompt(
+                        llm.model, path, p, n_threads, repetitions, n_depth=d,
+                        on_run=step(f"{benchmarks.test_title(p, 0, d)}, {n_threads} threads")))
+                for n in n_tg:
+                    records.append(benchmarks.bench_generation(
+                        llm.model, path, n, n_threads, repetitions, n_depth=d,
+                        on_run=step(f"{benchmarks.test_title(0, n, d)}, {n_threads} threads")))
             done = step(f"chat prompt, {n_threads} threads")
             start, stamps = time.perf_counter(), []
             messages = [{"role": "user", "content": "Write a short poem about the sea."}]
@@ -511,17 +535,81 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
         if bar is not None:
             bar.close()
     rss = benchmarks.peak_rss_bytes()
+    if plot_path is not None:
+        _draw_bench(plot_path, [r.to_json() for r in records], compare, serve_rows)
+    wrote = f"wrote {plot_path}" if plot_path is not None else ""
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=2))
+        if wrote:
+            click.echo(wrote, err=True)
         return
     click.echo("| model | threads | test | t/s |\n|---|---|---|---|")
     for r in records:
-        test = f"pp{r.n_prompt}" if r.n_prompt else f"tg{r.n_gen}"
+        test = benchmarks.test_title(r.n_prompt, r.n_gen, r.n_depth)
         click.echo(f"| {Path(path).name} | {r.n_threads} | {test} | {r.avg_ts:.2f} ± {r.stddev_ts:.2f} |")
     for lat in latency:
         click.echo(f"threads {lat['n_threads']}: TTFT {lat['ttft_ms']:.0f} ms, TPOT {lat['tpot_ms']:.1f} ms "
                    f"(chat prompt, 32 greedy tokens)")
     click.echo(f"peak RSS {rss / 2**20:.0f} MiB")
+    if wrote:
+        click.echo(wrote, err=True)
+
+
+def _read_json(path: Path, option: str) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"{path} is not readable JSON: {exc}", param_hint=option) from None
+
+
+def _plot_inputs(plot_path: Path, compare_paths: tuple[Path, ...], serve_load_path: Path | None
+                 ) -> tuple[list[dict], list[dict]]:
+    """(llama-bench records, serve_load rows) for --plot, every file checked and matplotlib found, else a one-line
+    error."""
+    from .plot import PlotUnavailable, require_matplotlib
+
+    try:
+        require_matplotlib()
+    except PlotUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    if not plot_path.parent.is_dir():
+        raise click.BadParameter(f"directory {plot_path.parent} does not exist", param_hint="--plot")
+    if plot_path.suffix.lower() != ".png":
+        raise click.BadParameter(f"{plot_path.name} is not a .png file name", param_hint="--plot")
+    compare: list[dict] = []
+    for compare_path in compare_paths:
+        records = _read_json(compare_path, "--compare")
+        wanted = ("n_prompt", "n_gen", "n_threads", "avg_ns")
+        if not (isinstance(records, list) and records
+                and all(isinstance(r, dict) and all(k in r for k in wanted) for r in records)):
+            raise click.BadParameter(f"{compare_path} holds no llama-bench records (llama-bench -o json)",
+                                     param_hint="--compare")
+        compare += records
+    serve_rows: list[dict] = []
+    if serve_load_path is not None:
+        summary = _read_json(serve_load_path, "--serve-load")
+        rows = summary.get("results") if isinstance(summary, dict) else None
+        wanted = ("server", "clients", "output_tok_s", "ttft_p99_ms")
+        if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and all(k in r for k in wanted)
+                                                        for r in rows)):
+            raise click.BadParameter(f"{serve_load_path} is not `bench/serve_load.py --json` output",
+                                     param_hint="--serve-load")
+        serve_rows = rows
+    return compare, serve_rows
+
+
+def _draw_bench(plot_path: Path, records: list[dict], compare: list[dict], serve_rows: list[dict]) -> None:
+    from . import plot
+
+    threads = sorted({r["n_threads"] for r in records})
+    title = " · ".join(part for part in (
+        Path(records[0]["model_filename"]).name if records else "",
+        plot.cpu_description(), plot.threads_phrase(threads)) if part)
+    try:
+        figure = plot.benchmark_figure({"pyllm": records, "llama.cpp": compare}, serve_rows, title=title)
+    except ValueError as exc:  # no tests ran (-p 0 -n 0) and nothing was given to compare
+        raise click.ClickException(f"--plot: {exc}") from None
+    plot.save_figure(figure, plot_path)
 
 
 @main.command()
