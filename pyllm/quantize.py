@@ -23,6 +23,7 @@ import numpy as np
 from . import kernels
 from .gguf import TYPE_TRAITS, GGUFFile, TensorInfo, ValueType, type_name
 from .gguf_writer import GGUFWriter, MetadataValue, TensorEntry, metadata_of
+from .imatrix import Imatrix
 from .kernels import GGMLType
 
 __all__ = ["FILE_TYPES", "FileType", "QuantizeError", "TensorPlan", "file_type", "plan", "quantize_model"]
@@ -416,6 +417,20 @@ def quantize_model(source: str | os.PathLike[str], target: str | os.PathLike[str
                           else _copied_pieces(f, p, on_bytes))
                 writer.write(p.info.name, pieces)
     return plans
+
+
+def imatrix_metadata(file_name: str, imatrix: Imatrix) -> dict[str, MetadataValue]:
+    """The keys llama-quantize records about the imatrix it used (its names truncated to 127 bytes, as there)."""
+    def short(text: str) -> str:
+        return text.encode("utf-8")[:127].decode("utf-8", errors="ignore")
+
+    extra = {"quantize.imatrix.file": MetadataValue(ValueType.STRING, short(file_name))}
+    if imatrix.datasets:
+        extra["quantize.imatrix.dataset"] = MetadataValue(ValueType.STRING, short(imatrix.datasets[0]))
+    extra["quantize.imatrix.entries_count"] = MetadataValue(ValueType.UINT32, len(imatrix.entries))
+    if imatrix.chunk_count > 0:
+        extra["quantize.imatrix.chunks_count"] = MetadataValue(ValueType.UINT32, imatrix.chunk_count)
+    return extra
 
 
 def _importance_for(plans: list[TensorPlan], importance: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
