@@ -26,7 +26,8 @@ from .gguf_writer import GGUFWriter, MetadataValue, TensorEntry, metadata_of
 from .imatrix import Imatrix
 from .kernels import GGMLType
 
-__all__ = ["FILE_TYPES", "FileType", "QuantizeError", "TensorPlan", "file_type", "plan", "quantize_model"]
+__all__ = ["FILE_TYPES", "FileType", "QuantizeError", "TensorPlan", "file_type", "plan", "quantize_model",
+           "tensor_bytes"]
 
 # llama.cpp's GGML_QNT_VERSION: the quantization format version its files record
 QUANTIZATION_VERSION = 2
@@ -360,6 +361,14 @@ def _converted_pieces(f: GGUFFile, p: TensorPlan, importance: np.ndarray | None,
         yield from pool.map(kernels.quantize_rows, slices, repeat(p.type), repeat(row_importance))
         f.release(p.info.name, start * p.info.row_bytes, stop * p.info.row_bytes)
         on_bytes((stop - start) * p.info.row_bytes)
+
+
+def tensor_bytes(f: GGUFFile, p: TensorPlan, importance: np.ndarray | None = None, n_threads: int = 1) -> bytes:
+    """One tensor of the output, whole: its converted bytes (or its input bytes when its type stays)."""
+    if not p.converted:
+        return f.raw(p.info.name).tobytes()
+    with ThreadPoolExecutor(n_threads) as pool:
+        return b"".join(bytes(piece) for piece in _converted_pieces(f, p, importance, pool, n_threads, lambda _: None))
 
 
 def _copied_pieces(f: GGUFFile, p: TensorPlan, on_bytes: Callable[[int], None]):
