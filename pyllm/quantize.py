@@ -205,7 +205,7 @@ class _MixState:
 
 
 def _mix_type(t: TensorInfo, ftype: FileType, base: GGMLType, model: ModelShape, tied: bool,
-              output_type: GGMLType | None, state: _MixState) -> GGMLType:
+              output_type: GGMLType | None, has_imatrix: bool, state: _MixState) -> GGMLType:
     """llama.cpp's choice for one quantized tensor of a mix (llama_tensor_get_type_impl, the file types pyllm
     writes)."""
     name, category, f, new = t.name, _category(t.name), ftype.name, base
@@ -265,6 +265,10 @@ def _mix_type(t: TensorInfo, ftype: FileType, base: GGMLType, model: ModelShape,
             new = GGMLType.Q6_K
         elif f == "Q4_K_S" and not falcon and i_layer < n_layer // 8:
             new = GGMLType.Q5_K
+        elif f in ("Q4_0", "Q5_0") and has_imatrix and i_layer < n_layer // 8:
+            # the first layers' ffn_down go wrong in Q4_0/Q5_0 even with an imatrix; only then, so that a file
+            # quantized without one stays as it always was
+            new = GGMLType.Q4_1 if f == "Q4_0" else GGMLType.Q5_1
         state.i_ffn_down += 1
     elif category == "attn_output":
         if not falcon:
@@ -308,8 +312,10 @@ class TensorPlan:
         return self.type != self.info.type
 
 
-def plan(f: GGUFFile, ftype: FileType, *, pure: bool = False, output_type: GGMLType | None = None) -> list[TensorPlan]:
-    """Each tensor's new type, in llama.cpp's order (which is the output file's)."""
+def plan(f: GGUFFile, ftype: FileType, *, pure: bool = False, output_type: GGMLType | None = None,
+         has_imatrix: bool = False) -> list[TensorPlan]:
+    """Each tensor's new type, in llama.cpp's order (which is the output file's). has_imatrix: an importance matrix
+    is given (llama.cpp's mixes change with one)."""
     model = ModelShape.of(f.metadata)
     names = tensor_order(list(f.tensors))
     tied = "output.weight" not in f.tensors
@@ -327,7 +333,7 @@ def plan(f: GGUFFile, ftype: FileType, *, pure: bool = False, output_type: GGMLT
             elif not quantized_base:
                 new = base
             else:
-                new = base if pure else _mix_type(t, ftype, base, model, tied, output_type, state)
+                new = base if pure else _mix_type(t, ftype, base, model, tied, output_type, has_imatrix, state)
                 new = _fallback(t, new)
         plans.append(TensorPlan(t, new))
     return plans
@@ -403,7 +409,7 @@ def quantize_model(source: str | os.PathLike[str], target: str | os.PathLike[str
         raise QuantizeError(f"input and output files are the same: {source}")
     n_threads = n_threads or kernels.physical_cores()
     with GGUFFile(source) as f:
-        plans = plan(f, ftype, pure=pure, output_type=output_type)
+        plans = plan(f, ftype, pure=pure, output_type=output_type, has_imatrix=importance is not None)
         for p in plans:
             if p.converted and _block_size(p.info.type) > 1 and not allow_requantize:
                 raise QuantizeError(f"{p.info.name} is already quantized ({p.info.type_name}): requantizing from "

@@ -156,10 +156,12 @@ def write_fixture_model(path: Path, arch: str, weight_type: Q, seed: int = 1) ->
 def write_fixture_imatrix(path: Path, model: Path, legacy: bool = False, seed: int = 7) -> None:
     """An importance matrix for every matrix of `model` but the token embeddings, with random positive sums, as
     llama-imatrix writes it: GGUF (NAME.in_sum2, NAME.counts and the imatrix.* keys) or the legacy .dat layout."""
+    from pyllm.gguf import GGUFFile  # only the names and widths; quick on a real model's vocabulary
+
     rng = Bytes(seed)
-    reader = gguf.GGUFReader(str(model))
-    names = [(t.name, int(t.shape[0])) for t in reader.tensors
-             if len(t.shape) > 1 and t.shape[1] > 1 and t.name != "token_embd.weight"]
+    with GGUFFile(model) as f:
+        names = [(t.name, t.shape[0]) for t in f.tensors.values()
+                 if len(t.shape) > 1 and t.shape[1] > 1 and t.name != "token_embd.weight"]
     sums = {name: (rng.uniform((n,)) + np.float32(1.0)) * np.float32(40.0) for name, n in names}
     if legacy:
         parts = [np.int32(len(names)).tobytes()]

@@ -55,6 +55,13 @@ def gemma(gemma_path: Path) -> GGUFFile:
         yield f
 
 
+@pytest.fixture(scope="module")
+def gemma_imatrix(gemma: GGUFFile, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    path = tmp_path_factory.mktemp("imatrix") / "gemma.imatrix"
+    write_fixture_imatrix(path, gemma.path)
+    return load_imatrix(path).entries
+
+
 def test_the_record_covers_every_file_type() -> None:
     assert {CASES[name]["type"] for name in GEMMA_CASES} == set(QUANTIZED_FILE_TYPES)
     assert all(CASES[f"llama-F16/{t}"]["type"] == t for t in QUANTIZED_FILE_TYPES)
@@ -65,22 +72,26 @@ def test_the_record_covers_every_file_type() -> None:
 def test_gemma_tensor_types_are_llamacpps(gemma: GGUFFile, name: str) -> None:
     case = CASES[name]
     ftype = q.file_type(case["type"])
-    plans = q.plan(gemma, ftype, **{k: v for k, v in options(case).items() if k != "allow_requantize"})
+    plans = q.plan(gemma, ftype, has_imatrix=case["imatrix"] is not None,
+                   **{k: v for k, v in options(case).items() if k != "allow_requantize"})
     assert [(p.info.name, p.type.name) for p in plans] == [(t[0], t[1]) for t in case["tensors"]]
     assert ftype.id == case["file_type"]
 
 
 @pytest.mark.parametrize("name", GEMMA_CASES)
-def test_gemma_tensor_bytes_are_llamacpps(gemma: GGUFFile, name: str) -> None:
+def test_gemma_tensor_bytes_are_llamacpps(gemma: GGUFFile, gemma_imatrix: dict[str, np.ndarray], name: str) -> None:
     """Two layers' tensors a type (the first, and one that moves from type to type), bit for bit."""
     case = CASES[name]
     layers = {"blk.0.", f"blk.{1 + 5 * GEMMA_CASES.index(name) % 17}."}
     expected = {t[0]: t[2] for t in case["tensors"] if t[0].startswith(tuple(layers))}
-    everything = q.plan(gemma, q.file_type(case["type"]), pure="--pure" in case["flags"])
+    importance = gemma_imatrix if case["imatrix"] else {}
+    everything = q.plan(gemma, q.file_type(case["type"]), pure="--pure" in case["flags"],
+                        has_imatrix=bool(importance))
     plans = [p for p in everything if p.info.name in expected]
     # Q4_K_M to Q4_K_M converts nothing (llama-quantize copies a tensor that keeps its type); the others do here
     assert any(p.converted for p in plans) == any(p.converted for p in everything) == (case["type"] != "Q4_K_M")
-    got = {p.info.name: short_sha(q.tensor_bytes(gemma, p, n_threads=2)) for p in plans}
+    got = {p.info.name: short_sha(q.tensor_bytes(gemma, p, importance.get(p.info.name), n_threads=2))
+           for p in plans}
     assert got == expected
 
 
