@@ -248,12 +248,23 @@ def test_errors_are_one_line(gemma_path: Path, tmp_path: Path, make_args, messag
     assert not (tmp_path / "o.gguf").exists()
 
 
-def test_the_command_writes_what_the_api_does(fixture_inputs: dict[str, Path], tmp_path: Path) -> None:
-    case = CASES["llama-F16/Q4_K_M-output-Q5_0"]
-    out = tmp_path / "o.gguf"
-    result = CliRunner().invoke(main, ["quantize", str(fixture_inputs["llama:F16"]), str(out), "q4_k",
-                                       "--allow-requantize", "--output-type", "q5_0", "-t", "1"])
+@pytest.mark.parametrize("name, flags", [
+    ("llama-F16/Q4_K_M-output-Q5_0", ["q4_k", "--output-type", "q5_0"]),
+    ("llama-F16/Q3_K_M-imatrix", ["Q3_K_M", "--imatrix", "IMATRIX"]),
+])
+def test_the_command_writes_what_llamacpp_does(fixture_inputs: dict[str, Path], tmp_path: Path, name: str,
+                                               flags: list[str]) -> None:
+    case = CASES[name]
+    out, matrix = tmp_path / "o.gguf", tmp_path / "imatrix.gguf"
+    write_fixture_imatrix(matrix, fixture_inputs["llama:F16"])
+    flags = [str(matrix) if f == "IMATRIX" else f for f in flags]
+    result = CliRunner().invoke(main, ["quantize", str(fixture_inputs["llama:F16"]), str(out), *flags,
+                                       "--allow-requantize", "-t", "1"])
     assert result.exit_code == 0, result.output
     with GGUFFile(out) as f:
         assert [[t.name, t.type_name, short_sha(f.raw(t.name).tobytes())] for t in f.tensors.values()] \
             == case["tensors"]
+        if "--imatrix" in flags:
+            assert f.metadata["quantize.imatrix.file"] == str(matrix)
+            assert f.metadata["quantize.imatrix.dataset"] == "fixture.txt"
+            assert f.metadata["quantize.imatrix.chunks_count"] == 10
