@@ -26,8 +26,8 @@ from .gguf_writer import GGUFWriter, MetadataValue, TensorEntry, metadata_of
 from .imatrix import Imatrix
 from .kernels import GGMLType
 
-__all__ = ["FILE_TYPES", "FileType", "QuantizeError", "TensorPlan", "file_type", "plan", "quantize_model",
-           "tensor_bytes"]
+__all__ = ["FILE_TYPES", "WRITABLE_TYPES", "FileType", "QuantizeError", "TensorPlan", "file_type", "imatrix_metadata",
+           "plan", "quantize_model", "tensor_bytes", "tensor_type"]
 
 # llama.cpp's GGML_QNT_VERSION: the quantization format version its files record
 QUANTIZATION_VERSION = 2
@@ -409,7 +409,7 @@ def quantize_model(source: str | os.PathLike[str], target: str | os.PathLike[str
         raise QuantizeError(f"input and output files are the same: {source}")
     n_threads = n_threads or kernels.physical_cores()
     with GGUFFile(source) as f:
-        plans = plan(f, ftype, pure=pure, output_type=output_type, has_imatrix=importance is not None)
+        plans = plan(f, ftype, pure=pure, output_type=output_type, has_imatrix=bool(importance))
         for p in plans:
             if p.converted and _block_size(p.info.type) > 1 and not allow_requantize:
                 raise QuantizeError(f"{p.info.name} is already quantized ({p.info.type_name}): requantizing from "
@@ -470,7 +470,3 @@ def _importance_for(plans: list[TensorPlan], importance: Mapping[str, np.ndarray
         found[p.info.name] = weights
     return found
 
-
-def file_size(plans: list[TensorPlan]) -> int:
-    """The tensor bytes the plan writes (without the header and padding)."""
-    return sum(kernels.row_bytes(p.type, p.info.shape[0]) * p.info.n_rows for p in plans)
