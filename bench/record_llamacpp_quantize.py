@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -70,9 +71,7 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=ROOT / "models", help=f"the folder holding {GEMMA}")
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_quantize.json")
     args = parser.parse_args()
-    version = subprocess.run([args.llama_quantize, "--version"], capture_output=True, text=True)
-    record: dict = {"llama_quantize": (version.stdout + version.stderr).strip().splitlines()[:1],
-                    "gemma_sha256": hashlib.sha256((args.models / GEMMA).read_bytes()).hexdigest(), "cases": {}}
+    record: dict = {"llama_quantize": "", "gemma_sha256": hashlib.sha256((args.models / GEMMA).read_bytes()).hexdigest(), "cases": {}}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         inputs: dict[str, Path] = {"gemma": args.models / GEMMA}
@@ -88,7 +87,10 @@ def main() -> None:
                 fixture_models.write_fixture_imatrix(matrix, inputs[source], legacy=imatrix == "legacy")
                 command += ["--imatrix", str(matrix)]
             out = tmp / "out.gguf"
-            subprocess.run([*command, str(inputs[source]), str(out), ftype, "2"], check=True, capture_output=True)
+            run = subprocess.run([*command, str(inputs[source]), str(out), ftype, "2"], check=True,
+                                 capture_output=True, text=True)
+            build = re.search(r"^version: (.*)$", run.stdout + run.stderr, re.M)  # llama.cpp's build, in its log
+            record["llama_quantize"] = build.group(1) if build else "unknown"
             entry = {"input": source, "type": ftype, "flags": flags, "imatrix": imatrix, **describe(out)}
             if source == "gemma":
                 if imatrix is None:  # (with one, its temporary path is in the file)
