@@ -71,7 +71,8 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=ROOT / "models", help=f"the folder holding {GEMMA}")
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "llamacpp_quantize.json")
     args = parser.parse_args()
-    record: dict = {"llama_quantize": "", "gemma_sha256": hashlib.sha256((args.models / GEMMA).read_bytes()).hexdigest(), "cases": {}}
+    gemma_sha256 = hashlib.sha256((args.models / GEMMA).read_bytes()).hexdigest()
+    record: dict = {"llama_quantize": "", "gemma_sha256": gemma_sha256, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         inputs: dict[str, Path] = {"gemma": args.models / GEMMA}
