@@ -127,7 +127,7 @@ static float search_asymmetric(int n, int nmax, const float *x, const float *wei
         sum_x += w * x[i];
     }
     if (min > 0.0f) min = 0.0f;
-    if (max <= min) {  /* ggml's two variants test == and <=; they agree once min <= 0 <= ... (nan aside) */
+    if (max <= min) {  /* ggml's two searches test == and <=: the same, as min <= x[0] <= max (nan aside) */
         memset(L, 0, (size_t)n);
         *min_out = -min;
         return 0.0f;
@@ -330,7 +330,9 @@ void quantize_row_q2_K_ref(const float *x, void *dst, int64_t n) {
         }
         if (max_min > 0.0f) {
             const float iscale = 15.0f / max_min;
-            for (int j = 0; j < QK_K / 16; ++j) y[i].scales[j] |= (uint8_t)((unsigned)nearest_int(iscale * mins[j]) << 4);
+            for (int j = 0; j < QK_K / 16; ++j) {
+                y[i].scales[j] |= (uint8_t)((unsigned)nearest_int(iscale * mins[j]) << 4);
+            }
             y[i].dmin = fp32_to_fp16(max_min / 15.0f);
         } else {
             y[i].dmin = fp32_to_fp16(0.0f);
@@ -465,7 +467,8 @@ static void scales_mins_ref(const float *x, int nmax, float rmin, float rdelta, 
         for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
         const float av_x = sqrtf(sum_x2 / 32.0f);
         for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = search_asymmetric(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep, 0);
+        scales[j] = search_asymmetric(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep,
+                                      0);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -646,7 +649,7 @@ static void quantize_row_q6_K_any(const float *x, void *dst, int64_t n, const fl
 
 void quantize_row_q6_K_ref(const float *x, void *dst, int64_t n) { quantize_row_q6_K_any(x, dst, n, NULL); }
 
-/* ---- the 32-element formats with importance (their reference quantizers are in quantize.c) -------------------------------------------------------------------- */
+/* ---- the 32-element formats with importance (their reference quantizers are in quantize.c) ------------------ */
 
 /* Per block: weights qw * sqrt(sigma2 + x^2) (sigma2 the row's mean square), the weighted symmetric search. */
 static void quantize_row_symmetric_weighted(const float *x, int levels, void *dst, int64_t n, const float *importance,
@@ -702,7 +705,7 @@ static void quantize_row_asymmetric_weighted(const float *x, int levels, void *d
     }
 }
 
-/* ---- with importance -------------------------------------------------------------------------------------- */
+/* ---- any weight format with importance ----------------------------------------------------------------------- */
 
 int quantize_row_weighted(int type, const float *x, void *dst, int64_t n, const float *importance) {
     switch (type) {
