@@ -35,7 +35,7 @@ chat: install
 	$(PYTHON) -m pyllm.cli pull $(MODEL)
 	$(PYTHON) -m pyllm.cli chat $(MODEL)
 
-C_TESTS = test_kernels test_ops test_simd_stress test_forward
+C_TESTS = test_kernels test_ops test_simd_stress test_forward test_quantize
 C_DEPS = $(C_SOURCES) $(wildcard csrc/*.h csrc/*/*.h csrc/*/*.inc)
 
 csrc/tests/%: csrc/tests/%.c $(C_DEPS)

@@ -121,6 +121,11 @@ int pyllm_dequantize_rows(int type, const void *w, int64_t n_rows, int64_t n, co
 /* src[n] float32 -> dst: n elements of `type` (reference quantizers) */
 int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n);
 
+/* src[n_rows, n] float32 -> n_rows rows of file `type`, the bytes llama.cpp's quantizer writes: importance NULL, its
+ * reference quantizers (the K-quants' scale searches included); else importance[n] (an imatrix row: a weight per
+ * column) steers the searches as llama.cpp's imatrix quantization does (ignored by F32/F16/BF16/Q8_0, as there). */
+int pyllm_quantize_rows(int type, const float *src, void *dst, int64_t n_rows, int64_t n, const float *importance);
+
 /* x[n] float32 -> one row of the activation format that pairs with weight `type` (what
  * matmul feeds its vec_dot kernels: q8_0 or q8_1 with llama.cpp's x86 rounding, q8_K, or float32). */
 int pyllm_quantize_activations(int type, const float *x, void *dst, int64_t n);

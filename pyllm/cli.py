@@ -428,6 +428,66 @@ def perplexity(model: str, text_file: Path, n_ctx: int, threads: int | None, as_
     click.echo(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_err:.5f}")
 
 
+@main.command()
+@click.argument("source", metavar="IN.gguf")
+@click.argument("target", metavar="OUT.gguf")
+@click.argument("type_name", metavar="TYPE")
+@click.option("--pure", is_flag=True, help="Every quantized tensor in TYPE's base type: no mix, no Q8_0/Q6_K output "
+              "(rows that do not fit its blocks still fall back).")
+@click.option("--allow-requantize", is_flag=True,
+              help="Accept quantized input (dequantized, then quantized again: worse than from F16/F32).")
+@click.option("--output-type", "--output-tensor-type", "output_type", metavar="T", default=None,
+              help="Tensor type of output.weight (of token_embd.weight when the model ties them), e.g. Q8_0.")
+@click.option("--imatrix", "imatrix_file", metavar="FILE", default=None,
+              help="Importance matrix from llama-imatrix (GGUF or legacy .dat) to steer the scale searches.")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+              help="Threads (default: all physical cores).")
+def quantize(source: str, target: str, type_name: str, pure: bool, allow_requantize: bool, output_type: str | None,
+             imatrix_file: str | None, threads: int | None) -> None:
+    """Write IN.gguf quantized as TYPE to OUT.gguf, byte for byte as llama.cpp's llama-quantize would.
+
+    \b
+    TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
+          Q4_K_M Q5_K_S Q5_K_M Q6_K F16 BF16 F32 (Q3_K, Q4_K, Q5_K: the _M)
+
+    The K mixes give some tensors more bits (attn_v, ffn_down, the output
+    matrix); a tensor whose rows do not fit a type's blocks falls back to one
+    that does; 1-D tensors (norms) are copied as they are. OUT.gguf is replaced
+    if it exists.
+    """
+    from .gguf import GGUFError
+    from .imatrix import ImatrixError, load_imatrix
+    from .quantize import QuantizeError, file_type, imatrix_metadata, quantize_model, tensor_type
+
+    try:
+        ftype = file_type(type_name)
+        out_type = tensor_type(output_type) if output_type is not None else None
+        imatrix = load_imatrix(imatrix_file) if imatrix_file is not None else None
+    except (QuantizeError, ImatrixError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    bar = _progress_bar(True, desc=f"quantize {ftype.name}", unit="B", unit_scale=True, unit_divisor=1024)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    try:
+        plans = quantize_model(source, target, ftype, pure=pure, allow_requantize=allow_requantize,
+                               output_type=out_type, importance=imatrix.entries if imatrix else None,
+                               extra_metadata=imatrix_metadata(imatrix_file, imatrix) if imatrix else None,
+                               n_threads=threads, progress=progress)
+    except (QuantizeError, GGUFError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {target}: {exc.strerror or exc}") from exc
+    finally:
+        if bar is not None:
+            bar.close()
+    types = ", ".join(f"{k} x{v}" for k, v in Counter(p.type.name for p in plans).most_common())
+    click.echo(f"{target}: {ftype.name}, {len(plans)} tensors ({types})", err=True)
+
+
 def _progress_bar(wanted: bool, **kwargs):
     """A tqdm bar on stderr when wanted and stderr is a terminal, else None."""
     if not (wanted and sys.stderr.isatty()):

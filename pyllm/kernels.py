@@ -228,6 +228,27 @@ def quantize(x: np.ndarray, type_id: int) -> np.ndarray:
     return out
 
 
+def quantize_rows(x: np.ndarray, type_id: int, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 rows (n_rows, n) -> (n_rows, row_bytes) uint8 of file type `type_id`, the bytes llama.cpp's quantizer
+    writes: its scale searches, steered by `importance` (n floats, an imatrix row) when given. Releases the GIL, so
+    threads can quantize slices of a matrix side by side."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    block_size, type_size = _traits(type_id)
+    if x.ndim != 2 or x.shape[1] == 0 or x.shape[1] % block_size:
+        raise KernelError(f"{type_name(type_id)} rows hold a multiple of {block_size} elements, not {x.shape}")
+    weights = ffi.NULL
+    if importance is not None:
+        importance = np.ascontiguousarray(importance, dtype=np.float32)
+        if importance.shape != (x.shape[1],):
+            raise KernelError(f"importance must hold {x.shape[1]} floats, not {importance.shape}")
+        weights = ffi.from_buffer("float[]", importance)
+    out = np.empty((x.shape[0], x.shape[1] // block_size * type_size), dtype=np.uint8)
+    if x.shape[0]:
+        _check(lib.pyllm_quantize_rows(int(type_id), ffi.from_buffer("float[]", x), ffi.from_buffer(out), x.shape[0],
+                                       x.shape[1], weights), f"quantize to {type_name(type_id)}")
+    return out
+
+
 def quantize_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
     """float32 activations (rows along the last axis) -> the format matmul pairs with `weight_type`.
 

@@ -151,3 +151,34 @@ def write_fixture_model(path: Path, arch: str, weight_type: Q, seed: int = 1) ->
     w.write_tensors_to_file()
     w.close()
     return digest.hexdigest()
+
+
+def write_fixture_imatrix(path: Path, model: Path, legacy: bool = False, seed: int = 7) -> None:
+    """An importance matrix for every matrix of `model` but the token embeddings, with random positive sums, as
+    llama-imatrix writes it: GGUF (NAME.in_sum2, NAME.counts and the imatrix.* keys) or the legacy .dat layout."""
+    from pyllm.gguf import GGUFFile  # only the names and widths; quick on a real model's vocabulary
+
+    rng = Bytes(seed)
+    with GGUFFile(model) as f:
+        names = [(t.name, t.shape[0]) for t in f.tensors.values()
+                 if len(t.shape) > 1 and t.shape[1] > 1 and t.name != "token_embd.weight"]
+    sums = {name: (rng.uniform((n,)) + np.float32(1.0)) * np.float32(40.0) for name, n in names}
+    if legacy:
+        parts = [np.int32(len(names)).tobytes()]
+        for name, _ in names:
+            parts += [np.int32(len(name)).tobytes(), name.encode(), np.int32(10).tobytes(),
+                      np.int32(sums[name].size).tobytes(), sums[name].astype(np.float32).tobytes()]
+        parts += [np.int32(10).tobytes(), np.int32(len("fixture.txt")).tobytes(), b"fixture.txt"]
+        path.write_bytes(b"".join(parts))
+        return
+    w = gguf.GGUFWriter(str(path), arch=None)
+    w.add_array("imatrix.datasets", ["fixture.txt"])
+    w.add_uint32("imatrix.chunk_count", 10)
+    w.add_uint32("imatrix.chunk_size", 512)
+    for name, _ in names:
+        w.add_tensor(name + ".in_sum2", sums[name].reshape(1, -1))
+        w.add_tensor(name + ".counts", np.array([[1500.0]], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -42,6 +42,27 @@ void quantize_row_q8_1_act(const float *x, void *blocks, int64_t n);
 /* q8_K as llama.cpp quantizes it: the first element of largest |x| maps to -127. */
 void quantize_row_q8_K_ref(const float *x, void *blocks, int64_t n);
 
+/* The K-quants as llama.cpp writes model files, with its scale searches (quantize_k.c). */
+void quantize_row_q2_K_ref(const float *x, void *blocks, int64_t n);
+void quantize_row_q3_K_ref(const float *x, void *blocks, int64_t n);
+void quantize_row_q4_K_ref(const float *x, void *blocks, int64_t n);
+void quantize_row_q5_K_ref(const float *x, void *blocks, int64_t n);
+void quantize_row_q6_K_ref(const float *x, void *blocks, int64_t n);
+
+/* One row of a weight format other than Q8_0 quantized with importance[n] (a weight per column, llama.cpp's
+ * imatrix) steering its searches; PYLLM_ERR_TYPE for a format without a weighted quantizer (quantize_k.c). */
+int quantize_row_weighted(int type, const float *x, void *dst, int64_t n, const float *importance);
+
+/* 32 levels (0..15, or 0..31) of a 32-element block into its nibbles, and the fifth bits into qh (quantize.c). */
+void pack_nibbles_32(const uint8_t q[QK32], uint8_t qs[QK32 / 2]);
+void pack_fifth_bits_32(const uint8_t q[QK32], uint8_t qh[4]);
+
+/* Round to nearest, ties to even, for |v| < 2^22 (ggml's nearest_int, the rounding its quantizers use). */
+static inline int nearest_int(float v) {
+    const float shifted = v + 12582912.0f;  /* 1.5 * 2^23 */
+    return (int)(fp32_to_bits(shifted) & 0x007FFFFF) - 0x00400000;
+}
+
 /* ---- rebuilt layouts (repack.c) ---- */
 
 /* Row `row` of a matrix w in a tiled layout (traits tile_rows > 1) of n-element rows, as the plain blocks it was,

@@ -63,11 +63,11 @@ static void quantize_asymmetric_block(const float *x, int levels, float *d_out, 
     *m_out = min;
 }
 
-static void pack_nibbles(const uint8_t q[QK32], uint8_t qs[QK32 / 2]) {
+void pack_nibbles_32(const uint8_t q[QK32], uint8_t qs[QK32 / 2]) {
     for (int j = 0; j < QK32 / 2; ++j) qs[j] = (uint8_t)((q[j] & 0xF) | (q[j + QK32 / 2] & 0xF) << 4);
 }
 
-static void pack_fifth_bits(const uint8_t q[QK32], uint8_t qh[4]) {
+void pack_fifth_bits_32(const uint8_t q[QK32], uint8_t qh[4]) {
     uint32_t bits = 0;
     for (int j = 0; j < QK32; ++j) bits |= (uint32_t)(q[j] >> 4) << j;
     for (int k = 0; k < 4; ++k) qh[k] = (uint8_t)(bits >> (8 * k));
@@ -80,7 +80,7 @@ static void quantize_row_q4_0_ref(const float *x, void *dst, int64_t n) {
         float d;
         quantize_symmetric_block(x, 16, &d, q);
         b[i].d = fp32_to_fp16(d);
-        pack_nibbles(q, b[i].qs);
+        pack_nibbles_32(q, b[i].qs);
     }
 }
 
@@ -92,7 +92,7 @@ static void quantize_row_q4_1_ref(const float *x, void *dst, int64_t n) {
         quantize_asymmetric_block(x, 16, &d, &m, q);
         b[i].d = fp32_to_fp16(d);
         b[i].m = fp32_to_fp16(m);
-        pack_nibbles(q, b[i].qs);
+        pack_nibbles_32(q, b[i].qs);
     }
 }
 
@@ -103,8 +103,8 @@ static void quantize_row_q5_0_ref(const float *x, void *dst, int64_t n) {
         float d;
         quantize_symmetric_block(x, 32, &d, q);
         b[i].d = fp32_to_fp16(d);
-        pack_nibbles(q, b[i].qs);
-        pack_fifth_bits(q, b[i].qh);
+        pack_nibbles_32(q, b[i].qs);
+        pack_fifth_bits_32(q, b[i].qh);
     }
 }
 
@@ -116,8 +116,8 @@ static void quantize_row_q5_1_ref(const float *x, void *dst, int64_t n) {
         quantize_asymmetric_block(x, 32, &d, &m, q);
         b[i].d = fp32_to_fp16(d);
         b[i].m = fp32_to_fp16(m);
-        pack_nibbles(q, b[i].qs);
-        pack_fifth_bits(q, b[i].qh);
+        pack_nibbles_32(q, b[i].qs);
+        pack_fifth_bits_32(q, b[i].qh);
     }
 }
 
@@ -163,12 +163,6 @@ void quantize_row_q8_1_act(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* Round to nearest, ties to even, for |v| < 2^22. */
-static inline int nearest_int(float v) {
-    const float shifted = v + 12582912.0f;  /* 1.5 * 2^23 */
-    return (int)(fp32_to_bits(shifted) & 0x007FFFFF) - 0x00400000;
-}
-
 /* The extreme element maps to -127; d = 1 / scale keeps full float precision. */
 void quantize_row_q8_K_ref(const float *x, void *dst, int64_t n) {
     block_q8_K *b = dst;
@@ -199,6 +193,9 @@ const quantize_row_fn quantize_table[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_1] = quantize_row_q4_1_ref, [PYLLM_TYPE_Q5_0] = quantize_row_q5_0_ref,
     [PYLLM_TYPE_Q5_1] = quantize_row_q5_1_ref, [PYLLM_TYPE_Q8_0] = quantize_row_q8_0_ref,
     [PYLLM_TYPE_Q8_K] = quantize_row_q8_K_ref, [PYLLM_TYPE_Q8_1] = quantize_row_q8_1_act,
+    [PYLLM_TYPE_Q2_K] = quantize_row_q2_K_ref, [PYLLM_TYPE_Q3_K] = quantize_row_q3_K_ref,
+    [PYLLM_TYPE_Q4_K] = quantize_row_q4_K_ref, [PYLLM_TYPE_Q5_K] = quantize_row_q5_K_ref,
+    [PYLLM_TYPE_Q6_K] = quantize_row_q6_K_ref,
 };
 
 int pyllm_can_quantize(int type) { return type_traits(type) != NULL && quantize_table[type] != NULL; }
@@ -208,5 +205,22 @@ int pyllm_quantize_row(int type, const float *src, void *dst, int64_t n) {
     if (status != PYLLM_OK) return status;
     if (quantize_table[type] == NULL) return PYLLM_ERR_TYPE;
     quantize_table[type](src, dst, n);
+    return PYLLM_OK;
+}
+
+int pyllm_quantize_rows(int type, const float *src, void *dst, int64_t n_rows, int64_t n, const float *importance) {
+    const int status = type_check_row(type, n);
+    if (status != PYLLM_OK) return status;
+    if (n_rows < 0) return PYLLM_ERR_SHAPE;
+    if (quantize_table[type] == NULL || !type_traits(type)->file_type) return PYLLM_ERR_TYPE;
+    const int64_t row_bytes = type_row_bytes(type, n);
+    /* the float and Q8_0 formats have no search for importance to steer: ggml ignores it there too */
+    const int weighted = importance != NULL && type != PYLLM_TYPE_Q8_0 && type_traits(type)->block_size > 1;
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float *x = src + r * n;
+        void *y = (uint8_t *)dst + r * row_bytes;
+        if (weighted) quantize_row_weighted(type, x, y, n, importance);
+        else quantize_table[type](x, y, n);
+    }
     return PYLLM_OK;
 }
