@@ -49,17 +49,20 @@ def run_measured(cmd: list[str]) -> tuple[str, float]:
         return out.read(), usage.ru_maxrss / 1024  # Linux reports KiB
 
 
-def llama_bench(binary: str, model: Path, p: str, n: str, d: str, threads: int, reps: int) -> tuple[list, float]:
-    """llama-bench's JSON records and peak RSS."""
+def llama_bench(binary: str, model: Path, p: str, n: str, d: str, threads: int, reps: int,
+                cache_type: str = "f16") -> tuple[list, float]:
+    """llama-bench's JSON records and peak RSS (a quantized cache with flash attention, which its values need)."""
+    cache = [] if cache_type == "f16" else ["-ctk", cache_type, "-ctv", cache_type, "-fa", "1"]
     out, rss = run_measured([binary, "-m", str(model), "-p", p, "-n", n, "-d", d, "-t", str(threads),
-                             "-r", str(reps), "-o", "json"])
+                             "-r", str(reps), "-o", "json", *cache])
     return json.loads(out), rss
 
 
-def pyllm_bench(model: Path, p: str, n: str, d: str, threads: int, reps: int) -> tuple[list, float]:
+def pyllm_bench(model: Path, p: str, n: str, d: str, threads: int, reps: int,
+                cache_type: str = "f16") -> tuple[list, float]:
     """`pyllm bench --json`'s records and peak RSS."""
     out, rss = run_measured([sys.executable, "-m", "pyllm.cli", "bench", str(model), "-p", p, "-n", n, "-d", d,
-                             "-t", str(threads), "-r", str(reps), "--json"])
+                             "-t", str(threads), "-r", str(reps), "--json", "-ctk", cache_type, "-ctv", cache_type])
     return json.loads(out), rss
 
 
@@ -107,6 +110,9 @@ def main() -> None:
     parser.add_argument("-n", default="128", help="token counts of the tg tests (comma-separated)")
     parser.add_argument("-d", default="0", help="context depths (comma-separated; llama-bench's -d)")
     parser.add_argument("-r", type=int, default=3)
+    parser.add_argument("--cache-type", default="f16", choices=["f16", "q8_0", "q4_0"],
+                        help="both engines' KV cache type (-ctk/-ctv; llama-bench with -fa 1, which its quantized "
+                             "values need)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of the pair per model and thread count")
     parser.add_argument("--json", dest="json_path", type=Path, help="write every run's records here")
     parser.add_argument("--plot", dest="plot_path", type=Path, help="draw the records into this PNG (needs matplotlib)")
@@ -149,7 +155,7 @@ def main() -> None:
                 order = ("llama.cpp", "pyllm") if round_ % 2 == 0 else ("pyllm", "llama.cpp")
                 for who in order:
                     measure = (partial(llama_bench, args.llama_bench) if who == "llama.cpp" else pyllm_bench)
-                    records, rss = measure(model, args.p, args.n, args.d, threads, args.r)
+                    records, rss = measure(model, args.p, args.n, args.d, threads, args.r, args.cache_type)
                     model_records[who] += records
                     runs[who].append((rates(records), rss))
             rss_theirs = max(rss for _, rss in runs["llama.cpp"])

@@ -59,6 +59,8 @@ class BenchRecord:
     cpu_info: str = field(default_factory=cpu_name)
     backends: str = "CPU"
     build_commit: str = "pyllm"
+    type_k: str = "f16"   # the KV cache's (llama-bench's -ctk / -ctv)
+    type_v: str = "f16"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -105,6 +107,8 @@ def _record(model: Model, path: str, n_threads: int, n_prompt: int, n_gen: int, 
         samples_ns=samples_ns,
         avg_ns=int(statistics.fmean(samples_ns)),
         stddev_ns=int(statistics.stdev(samples_ns)) if len(samples_ns) > 1 else 0,
+        type_k=model.cache_types[0].name.lower(),
+        type_v=model.cache_types[1].name.lower(),
     )
 
 

@@ -528,9 +528,10 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[in
 @click.option("--serve-load", "serve_load_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="`bench/serve_load.py --json` output: adds throughput and TTFT p99 against concurrent clients "
                    "(with --plot).")
+@_cache_type_options
 def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] | None, n_depth: list[int],
           repetitions: int, as_json: bool, plot_path: Path | None, compare_paths: tuple[Path, ...],
-          serve_load_path: Path | None) -> None:
+          serve_load_path: Path | None, cache_type_k: str, cache_type_v: str) -> None:
     """Measure prompt processing (pp) and generation (tg) speed, as llama-bench does.
 
     With -d, each test runs after that many tokens are in the cache (llama-bench's -d; shown as
@@ -565,7 +566,7 @@ def bench(model: str, n_prompt: list[int], n_gen: list[int], threads: list[int] 
     records, latency = [], []
     try:
         for n_threads in thread_counts:
-            llm = _load(path, max([*n_prompt, *n_gen, 64]) + 64, n_threads, None)
+            llm = _load(path, max([*n_prompt, *n_gen, 64]) + 64, n_threads, None, cache_type_k, cache_type_v)
             assert llm.model is not None
             for d in depths:
                 for p in n_pp:

@@ -235,6 +235,12 @@ def test_api_and_cli_take_cache_types(smollm2_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", str(smollm2_path), "Hello", "-ctk", "q3_k"])
     assert result.exit_code == 2 and "'q3_k' is not one of" in result.output
     assert set(CACHE_TYPES) == {"f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
+    result = CliRunner().invoke(main, ["bench", str(smollm2_path), "-p", "8", "-n", "2", "-r", "1", "-ctk", "q8_0",
+                                       "-ctv", "q4_0", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+    records = json.loads(result.output)
+    assert [(r["type_k"], r["type_v"]) for r in records] == [("q8_0", "q4_0")] * 2  # as llama-bench's JSON
 
 
 def test_info_and_chat_stats_show_the_cache_memory(smollm2_path: Path) -> None:
