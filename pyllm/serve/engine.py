@@ -217,18 +217,7 @@ class Engine:
         requests[0].want_prompt_logprobs = prompt_logprobs and n_logprobs is not None
         for request in requests[1:]:
             request.leader = requests[0]
-        with self._wake:
-            if self.error is not None:
-                raise self.error
-            if self._closed:
-                raise EngineClosedError("the engine is shut down")
-            free_slots = max(0, self.n_parallel - len(self._active))  # taken by the next waiting ones at once
-            if len(self._waiting) + len(requests) > self.max_queued + free_slots:
-                raise QueueFullError(f"all {self.n_parallel} slots are busy and the queue of {self.max_queued} "
-                                     "is full; try again later")
-            self._waiting.extend(requests)
-            self.metrics.requests_queued.set(len(self._waiting))
-            self._wake.notify()
+        self._enqueue(requests)
         return requests
 
     def submit_embedding(self, prompt: list[int]) -> Request:
@@ -242,19 +231,23 @@ class Engine:
         if min(prompt) < 0 or max(prompt) >= self.model.n_vocab:
             raise ValueError(f"input token id out of range [0, {self.model.n_vocab})")
         request = Request(list(prompt), SamplingParams(), 0, None, embedding=True)
+        self._enqueue([request])
+        return request
+
+    def _enqueue(self, requests: list[Request]) -> None:
+        """Put requests in the queue, all or none: QueueFullError beyond the free slots and max_queued."""
         with self._wake:
             if self.error is not None:
                 raise self.error
             if self._closed:
                 raise EngineClosedError("the engine is shut down")
-            free_slots = max(0, self.n_parallel - len(self._active))
-            if len(self._waiting) + 1 > self.max_queued + free_slots:
+            free_slots = max(0, self.n_parallel - len(self._active))  # taken by the next waiting ones at once
+            if len(self._waiting) + len(requests) > self.max_queued + free_slots:
                 raise QueueFullError(f"all {self.n_parallel} slots are busy and the queue of {self.max_queued} "
                                      "is full; try again later")
-            self._waiting.append(request)
+            self._waiting.extend(requests)
             self.metrics.requests_queued.set(len(self._waiting))
             self._wake.notify()
-        return request
 
     @property
     def n_waiting(self) -> int:
