@@ -290,7 +290,22 @@ static void attend_quantized(const attention_job *job, int64_t r0, int64_t r1, i
         kset->quantize_act(job->q + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d, queries + p * act_bytes, d);
     }
     const char *keys = (const char *)job->k + hk * job->k_head_bytes;
-    for (int64_t t = t0; t <= last; ++t) {
+    int64_t t = t0;
+    if (kset->cols4 != NULL) {  /* 4 keys a call (vec_dot's bits); a key no row sees gets its mask after */
+        for (; t + VEC_DOT_COLS - 1 <= last; t += VEC_DOT_COLS) {
+            for (int64_t p = 0; p < pairs; ++p) {
+                kset->cols4(d, keys + t * job->k_slot_bytes, job->k_slot_bytes, queries + p * act_bytes,
+                            scores + p * n16 + t - t0);
+            }
+            for (int64_t c = t; c < t + VEC_DOT_COLS; ++c) {
+                for (int64_t i = 0; i < rows; ++i) {
+                    if (c >= spans[i].first && c <= spans[i].last && key_visible(job, c, job->qpos[r0 + i])) continue;
+                    for (int64_t h = 0; h < n_heads; ++h) scores[(i * n_heads + h) * n16 + c - t0] = -INFINITY;
+                }
+            }
+        }
+    }
+    for (; t <= last; ++t) {
         const char *key = keys + t * job->k_slot_bytes;
         for (int64_t i = 0; i < rows; ++i) {
             const int visible = t >= spans[i].first && t <= spans[i].last && key_visible(job, t, job->qpos[r0 + i]);
