@@ -286,33 +286,44 @@ static void attend_quantized(const attention_job *job, int64_t r0, int64_t r1, i
     const int64_t act_bytes = type_row_bytes(kset->act_type, d);
     float *scores = scratch + span_floats(1), *value = scores + pairs * n16;  /* (pairs, n16), (d,) */
     char *queries = (char *)(value + round16(d));                              /* (pairs, act_bytes) */
+    void *prepared = queries + (pairs * act_bytes + 63) / 64 * 64;             /* a group of queries, act_rows_prepare'd */
     for (int64_t p = 0; p < pairs; ++p) {
         kset->quantize_act(job->q + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d, queries + p * act_bytes, d);
     }
     const char *keys = (const char *)job->k + hk * job->k_head_bytes;
-    int64_t t = t0;
-    if (kset->cols4 != NULL) {  /* 4 keys a call (vec_dot's bits); a key no row sees gets its mask after */
-        for (; t + VEC_DOT_COLS - 1 <= last; t += VEC_DOT_COLS) {
+    /* every pair's score of every key of the span (each vec_dot's bits, however many a call takes), then the keys a
+     * pair's row does not see masked */
+    if (kset->rows4 != NULL) {  /* a key against up to VEC_DOT_MAX_ROWS queries a call, unpacked once */
+        for (int64_t g0 = 0; g0 < pairs; g0 += VEC_DOT_MAX_ROWS) {
+            const int n = pairs - g0 < VEC_DOT_MAX_ROWS ? (int)(pairs - g0) : VEC_DOT_MAX_ROWS;
+            const void *group_rows[VEC_DOT_MAX_ROWS];
+            for (int j = 0; j < n; ++j) group_rows[j] = queries + (g0 + j) * act_bytes;
+            act_rows group;
+            act_rows_prepare(&group, job->k_set->type, group_rows, n, d, prepared);
+            for (int64_t t = t0; t <= last; ++t) {
+                float out[VEC_DOT_MAX_ROWS];
+                kset->rows4(d, keys + t * job->k_slot_bytes, &group, out);
+                for (int j = 0; j < n; ++j) scores[(g0 + j) * n16 + t - t0] = out[j];
+            }
+        }
+    } else {
+        int64_t t = t0;
+        for (; kset->cols4 != NULL && t + VEC_DOT_COLS - 1 <= last; t += VEC_DOT_COLS) {  /* 4 keys a call */
             for (int64_t p = 0; p < pairs; ++p) {
                 kset->cols4(d, keys + t * job->k_slot_bytes, job->k_slot_bytes, queries + p * act_bytes,
                             scores + p * n16 + t - t0);
             }
-            for (int64_t c = t; c < t + VEC_DOT_COLS; ++c) {
-                for (int64_t i = 0; i < rows; ++i) {
-                    if (c >= spans[i].first && c <= spans[i].last && key_visible(job, c, job->qpos[r0 + i])) continue;
-                    for (int64_t h = 0; h < n_heads; ++h) scores[(i * n_heads + h) * n16 + c - t0] = -INFINITY;
-                }
+        }
+        for (; t <= last; ++t) {
+            for (int64_t p = 0; p < pairs; ++p) {
+                scores[p * n16 + t - t0] = kset->vec_dot(d, keys + t * job->k_slot_bytes, queries + p * act_bytes);
             }
         }
     }
-    for (; t <= last; ++t) {
-        const char *key = keys + t * job->k_slot_bytes;
+    for (int64_t t = t0; t <= last; ++t) {
         for (int64_t i = 0; i < rows; ++i) {
-            const int visible = t >= spans[i].first && t <= spans[i].last && key_visible(job, t, job->qpos[r0 + i]);
-            for (int64_t h = 0; h < n_heads; ++h) {
-                const int64_t p = i * n_heads + h;
-                scores[p * n16 + t - t0] = visible ? kset->vec_dot(d, key, queries + p * act_bytes) : -INFINITY;
-            }
+            if (t >= spans[i].first && t <= spans[i].last && key_visible(job, t, job->qpos[r0 + i])) continue;
+            for (int64_t h = 0; h < n_heads; ++h) scores[(i * n_heads + h) * n16 + t - t0] = -INFINITY;
         }
     }
     for (int64_t p = 0; p < pairs; ++p) {
@@ -346,26 +357,30 @@ static void attend_quantized(const attention_job *job, int64_t r0, int64_t r1, i
     const char *values = (const char *)job->v + hk * job->v_head_bytes;
     for (int64_t t = t0; t <= last; ++t) {
         int needed = 0;
-        for (int64_t p = 0; p < pairs && !needed; ++p) {
-            const pair_span *span = &spans[p / n_heads];
-            needed = t >= span->first / 8 * 8 && t <= span->last && scores[p * n16 + t - t0] != 0.0f;
+        for (int64_t i = 0; i < rows && !needed; ++i) {
+            if (t < spans[i].first / 8 * 8 || t > spans[i].last) continue;
+            for (int64_t h = 0; h < n_heads && !needed; ++h) needed = scores[(i * n_heads + h) * n16 + t - t0] != 0.0f;
         }
         if (!needed) continue;
         job->v_to_float(values + t * job->v_slot_bytes, value, d);
-        for (int64_t p = 0; p < pairs; ++p) {
-            const pair_span *span = &spans[p / n_heads];
-            const float w = scores[p * n16 + t - t0];
-            if (t < span->first / 8 * 8 || t > span->last || w == 0.0f) continue;
-            job->kernels->add_scaled(job->out + ((r0 + p / n_heads) * job->n_head + h0 + p % n_heads) * d, w, value, d);
+        for (int64_t i = 0; i < rows; ++i) {
+            if (t < spans[i].first / 8 * 8 || t > spans[i].last) continue;
+            float *out = job->out + ((r0 + i) * job->n_head + h0) * d;
+            for (int64_t h = 0; h < n_heads; ++h) {
+                const float w = scores[(i * n_heads + h) * n16 + t - t0];
+                if (w != 0.0f) job->kernels->add_scaled(out + h * d, w, value, d);
+            }
         }
     }
 }
 
 /* Floats of attend_quantized's scratch for `rows` rows of n_heads heads: the rows' spans, the pairs' scores, a
  * value, the pairs' queries (act_bytes each). */
-static int64_t quantized_scratch_floats(int64_t rows, int64_t n_heads, int64_t n_kv, int64_t d, int64_t act_bytes) {
+static int64_t quantized_scratch_floats(int64_t rows, int64_t n_heads, int64_t n_kv, int64_t d, int64_t act_bytes,
+                                        int64_t prepared_bytes) {
     const int64_t pairs = rows * n_heads;
-    return span_floats(1) + pairs * round16(n_kv + 8) + round16(d) + round16((pairs * act_bytes + 3) / 4);
+    return span_floats(1) + pairs * round16(n_kv + 8) + round16(d) + round16((pairs * act_bytes + 63) / 64 * 16) +
+           round16((prepared_bytes + 3) / 4);
 }
 
 /* A row's items a kv head: its heads in runs of heads_per_item (the last run may be shorter). */
@@ -504,8 +519,10 @@ static int64_t share_heads(attention_job *jobs, int n_calls, int64_t rows_alone,
         int64_t floats;
         if (job->k_set != NULL) {
             const int64_t act_bytes = type_row_bytes(job->k_set->act_type, d);
-            floats = job->blocks ? quantized_scratch_floats(PREFILL_QUERY_BLOCK, group_size, job->n_kv, d, act_bytes)
-                                 : quantized_scratch_floats(1, heads_per_item, job->n_kv, d, act_bytes);
+            const int64_t prepared = job->k_set->rows4 != NULL ? act_rows_scratch_bytes(job->k_set->type, d) : 0;
+            floats = job->blocks ? quantized_scratch_floats(PREFILL_QUERY_BLOCK, group_size, job->n_kv, d, act_bytes,
+                                                            prepared)
+                                 : quantized_scratch_floats(1, heads_per_item, job->n_kv, d, act_bytes, prepared);
         } else {
             floats = job->blocks ? block_scratch_floats(job->n_kv, d, group_size)
                                  : attend_heads_floats(heads_per_item, job->n_kv, d);
