@@ -25,7 +25,8 @@ from pyllm.kernels import GGMLType, KernelError
 KERNEL_ONLY_TYPES = (GGMLType.Q4_0_LANES, GGMLType.Q5_0_G8)
 # matrices interleaved 16 rows at a time: matmul only (no row of their own)
 INTERLEAVED_TYPES = {GGMLType.Q4_1_X16: GGMLType.Q4_1, GGMLType.Q8_0_X16: GGMLType.Q8_0,
-                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K}
+                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K,
+                     GGMLType.Q6_K_X16: GGMLType.Q6_K}
 WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, *KERNEL_ONLY_TYPES, *INTERLEAVED_TYPES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
 MATMUL_TYPES = WEIGHT_TYPES + list(KERNEL_ONLY_TYPES)
@@ -286,7 +287,7 @@ def test_grouped_q5_0_is_q5_0(n_blocks: int) -> None:
 
 @pytest.mark.parametrize("interleaved", list(INTERLEAVED_TYPES), ids=lambda t: t.name)
 def test_interleaved_is_plain(interleaved: GGMLType) -> None:
-    """A Q4_1 / Q8_0 / Q5_0 / Q4_K matrix interleaved 16 rows at a time (the layout the model's get where the CPU has
+    """A Q4_1 / Q8_0 / Q5_0 / Q4_K / Q6_K matrix interleaved 16 rows at a time (the layout the model's get where the CPU has
     the tile kernels): the same rows, and matmul's same bits for lone rows, decode batches of every size (tile passes
     of several rows and a short last one) and prompts, at one and two threads, on the best tier and on the generic one
     (each row rebuilt for vec_dot)."""
@@ -321,7 +322,7 @@ def test_interleaved_is_plain(interleaved: GGMLType) -> None:
 
 def test_interleaved_type_follows_the_tier() -> None:
     """Matrices are interleaved only where the active tier has their tile kernels: Q4_1, Q8_0 and Q5_0 on avx512_vnni,
-    Q4_K on avx2 and avx512 (avx512_vnni's own Q4_K kernels do without)."""
+    Q4_K and Q6_K on avx2 and avx512 (avx512_vnni's own K-quant kernels do without)."""
     tier = kernels.active_tier()
     try:
         for use_tier in AVAILABLE_TIERS:
@@ -330,9 +331,9 @@ def test_interleaved_type_follows_the_tier() -> None:
             assert (kernels.interleaved_type(GGMLType.Q4_1) == GGMLType.Q4_1_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q8_0) == GGMLType.Q8_0_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q5_0) == GGMLType.Q5_0_X16) == want
-            want_q4_k = use_tier in ("avx2", "avx512")
-            assert (kernels.interleaved_type(GGMLType.Q4_K) == GGMLType.Q4_K_X16) == want_q4_k
-            assert kernels.interleaved_type(GGMLType.Q6_K) is None
+            want_k_tiles = use_tier in ("avx2", "avx512")
+            assert (kernels.interleaved_type(GGMLType.Q4_K) == GGMLType.Q4_K_X16) == want_k_tiles
+            assert (kernels.interleaved_type(GGMLType.Q6_K) == GGMLType.Q6_K_X16) == want_k_tiles
     finally:
         kernels.set_tier(tier)
 

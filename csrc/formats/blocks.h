@@ -157,17 +157,15 @@ typedef struct {
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 
 /* PYLLM_TYPE_Q4_K_X16: a Q4_K matrix in 16-row tiles (tile t's superblock b at index t * n_blocks + b), each two
- * halves of 8 rows whose fields lie side by side, row r in 32-bit lane r: a 256-bit load holds the same 8 bytes'
- * worth (a 4-byte unit) of 8 rows, and their scales as 8 words, so the AVX2 kernels keep 8 outputs in the lanes of
- * one vector (no horizontal sums). */
+ * halves of 8 rows whose fields lie side by side, row r in 32-bit lane r: a 256-bit load holds the same 4-byte unit
+ * of 8 rows, and their scales as 8 words, so the AVX2 kernels keep 8 outputs in the lanes of one vector (no
+ * horizontal sums). The superblock goes in the order its decode kernel reads it: both halves' scales, then each
+ * 64-element chunk's units, both halves. */
 typedef struct {
-    fp16_t d[8];
-    fp16_t dmin[8];
-    uint32_t scales[3][8];   /* [w][r]: row r's scales[4w .. 4w + 3] */
-    uint8_t qs[32][8][4];    /* [u][r][j]: row r's qs[4u + j] */
-} half_tile_q4_K;
-typedef struct {
-    half_tile_q4_K half[2];  /* rows 0..7, 8..15 */
+    fp16_t d[2][8];            /* [half][r] */
+    fp16_t dmin[2][8];
+    uint32_t scales[2][3][8];  /* [half][w][r]: row r's scales[4w .. 4w + 3] */
+    uint8_t qs[4][2][8][8][4]; /* [c][half][k][r][j]: row r's qs[4 (8c + k) + j] */
 } tile_q4_K;
 static_assert(sizeof(tile_q4_K) == X16_ROWS * sizeof(block_q4_K), "tile_q4_K size");
 
@@ -189,6 +187,23 @@ typedef struct {
     fp16_t d;
 } block_q6_K;
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+
+/* PYLLM_TYPE_Q6_K_X16: a Q6_K matrix in 16-row tiles (tile t's superblock b at t * n_blocks + b), two halves of 8 rows,
+ * row r's 4-byte units in 32-bit lane r, as Q4_K_X16. The superblock goes in the order its decode kernel reads it:
+ * four sets of 16-element groups, 8n + k + 2i (n, k in 0..1, i in 0..3; elements 128n + 32i + 16k .. + 15), each set
+ * both halves' ql units 16n + 4k + j and 16n + 8 + 4k + j, qh units 8n + 4k + j (j in 0..3) and group scales, which go
+ * by pairs of groups, g and g + 2 for g = 8n + 4m + k: pair m holds g's rows 0..3, g + 2's rows 0..3, then the same
+ * of rows 4..7, so that one sign extension to int16 puts each group's rows in the 128-bit half their lanes are in. */
+typedef struct {
+    uint8_t ql[8][8][4];     /* [j][r][b]: row r's ql[4u + b], u = 16n + 4k + j % 4 + 8 (j / 4) */
+    uint8_t qh[4][8][4];     /* [j][r][b]: row r's qh[4 (8n + 4k + j) + b] */
+    int8_t scales[2][16];    /* [m][(r / 4) * 8 + (which group) * 4 + r % 4] */
+} q6_K_group_set;
+typedef struct {
+    q6_K_group_set set[4][2];  /* [2n + k][half] */
+    fp16_t d[2][8];            /* [half][r] */
+} tile_q6_K;
+static_assert(sizeof(tile_q6_K) == X16_ROWS * sizeof(block_q6_K), "tile_q6_K size");
 
 /* Activation format of the K-quants: x = d * q, with sums of each group of 16 */
 typedef struct {

@@ -6,7 +6,8 @@
  *   - PYLLM_TYPE_*_X16: Q4_1, Q8_0 or Q5_0 rows interleaved 16 at a time (blocks.h: tile_q4_1, ...), for the decode
  *     kernels where lane r of a vector is weight row r: a 64-byte load brings the same 4 elements of 16 rows, and one
  *     dot, one conversion and one FMA then advance 16 outputs by one lane of their reduction order, against an
- *     activation's 4 bytes broadcast; Q4_K the same in two halves of 8 rows (tile_q4_K), for 256-bit vectors.
+ *     activation's 4 bytes broadcast; Q4_K and Q6_K the same in two halves of 8 rows (tile_q4_K, tile_q6_K), for 256-bit
+ *     vectors.
  * And reading a tiled matrix's row back as the plain blocks it was (the embedding's lookups, a tier without the tile
  * kernels).
  */
@@ -88,24 +89,56 @@ static void q5_0_from_tile(const tile_q5_0 *t, int r, block_q5_0 *x) {
 }
 
 static void q4_K_to_tile(const block_q4_K *x, tile_q4_K *t, int row) {
-    half_tile_q4_K *h = &t->half[row / 8];
-    const int r = row % 8;
-    h->d[r] = x->d;
-    h->dmin[r] = x->dmin;
-    for (int w = 0; w < 3; ++w) memcpy(&h->scales[w][r], x->scales + 4 * w, 4);
-    for (int u = 0; u < 32; ++u) memcpy(h->qs[u][r], x->qs + 4 * u, 4);
+    const int h = row / 8, r = row % 8;
+    t->d[h][r] = x->d;
+    t->dmin[h][r] = x->dmin;
+    for (int w = 0; w < 3; ++w) memcpy(&t->scales[h][w][r], x->scales + 4 * w, 4);
+    for (int u = 0; u < 32; ++u) memcpy(t->qs[u / 8][h][u % 8][r], x->qs + 4 * u, 4);
 }
 
 static void q4_K_from_tile(const tile_q4_K *t, int row, block_q4_K *x) {
-    const half_tile_q4_K *h = &t->half[row / 8];
-    const int r = row % 8;
-    x->d = h->d[r];
-    x->dmin = h->dmin[r];
-    for (int w = 0; w < 3; ++w) memcpy(x->scales + 4 * w, &h->scales[w][r], 4);
-    for (int u = 0; u < 32; ++u) memcpy(x->qs + 4 * u, h->qs[u][r], 4);
+    const int h = row / 8, r = row % 8;
+    x->d = t->d[h][r];
+    x->dmin = t->dmin[h][r];
+    for (int w = 0; w < 3; ++w) memcpy(x->scales + 4 * w, &t->scales[h][w][r], 4);
+    for (int u = 0; u < 32; ++u) memcpy(x->qs + 4 * u, t->qs[u / 8][h][u % 8][r], 4);
 }
 
-/* A matrix of Q4_1, Q8_0, Q5_0 or Q4_K rows (type) in 16-row tiles. */
+/* Where a Q6_K row's bytes lie in its tile (blocks.h: tile_q6_K): ql unit j of set t, qh unit j of set t, and group
+ * g's scale of row r (set, pair, byte). */
+static int q6_K_tile_ql_unit(int t, int j) { return 16 * (t / 2) + 4 * (t % 2) + j % 4 + 8 * (j / 4); }
+static int q6_K_tile_qh_unit(int t, int j) { return 8 * (t / 2) + 4 * (t % 2) + j; }
+static int q6_K_tile_scale_set(int g) { return 2 * (g / 8) + g % 2; }
+static int q6_K_tile_scale_pair(int g) { return g % 8 / 4; }
+static int q6_K_tile_scale_byte(int g, int r) { return r / 4 * 8 + g % 4 / 2 * 4 + r % 4; }
+
+static void q6_K_to_tile(const block_q6_K *x, tile_q6_K *tile, int row) {
+    const int h = row / 8, r = row % 8;
+    tile->d[h][r] = x->d;
+    for (int t = 0; t < 4; ++t) {
+        q6_K_group_set *set = &tile->set[t][h];
+        for (int j = 0; j < 8; ++j) memcpy(set->ql[j][r], x->ql + 4 * q6_K_tile_ql_unit(t, j), 4);
+        for (int j = 0; j < 4; ++j) memcpy(set->qh[j][r], x->qh + 4 * q6_K_tile_qh_unit(t, j), 4);
+    }
+    for (int g = 0; g < 16; ++g) {
+        tile->set[q6_K_tile_scale_set(g)][h].scales[q6_K_tile_scale_pair(g)][q6_K_tile_scale_byte(g, r)] = x->scales[g];
+    }
+}
+
+static void q6_K_from_tile(const tile_q6_K *tile, int row, block_q6_K *x) {
+    const int h = row / 8, r = row % 8;
+    x->d = tile->d[h][r];
+    for (int t = 0; t < 4; ++t) {
+        const q6_K_group_set *set = &tile->set[t][h];
+        for (int j = 0; j < 8; ++j) memcpy(x->ql + 4 * q6_K_tile_ql_unit(t, j), set->ql[j][r], 4);
+        for (int j = 0; j < 4; ++j) memcpy(x->qh + 4 * q6_K_tile_qh_unit(t, j), set->qh[j][r], 4);
+    }
+    for (int g = 0; g < 16; ++g) {
+        x->scales[g] = tile->set[q6_K_tile_scale_set(g)][h].scales[q6_K_tile_scale_pair(g)][q6_K_tile_scale_byte(g, r)];
+    }
+}
+
+/* A matrix of Q4_1, Q8_0, Q5_0, Q4_K or Q6_K rows (type) in 16-row tiles. */
 static void interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n) {
     const pyllm_type_traits *t = type_traits(type);
     const int64_t nb = n / t->block_size, block_bytes = t->type_size;
@@ -120,6 +153,8 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
                 q5_0_to_tile((const block_q5_0 *)blocks + b, (tile_q5_0 *)dst + tile * nb + b, r);
             } else if (type == PYLLM_TYPE_Q4_K) {
                 q4_K_to_tile((const block_q4_K *)blocks + b, (tile_q4_K *)dst + tile * nb + b, r);
+            } else if (type == PYLLM_TYPE_Q6_K) {
+                q6_K_to_tile((const block_q6_K *)blocks + b, (tile_q6_K *)dst + tile * nb + b, r);
             } else {
                 q8_0_to_tile((const block_q8_0 *)blocks + b, (tile_q8_0 *)dst + tile * nb + b, r);
             }
@@ -137,6 +172,8 @@ void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *ds
             q5_0_from_tile((const tile_q5_0 *)w + tile * nb + b, r, (block_q5_0 *)dst + b);
         } else if (layout == PYLLM_TYPE_Q4_K_X16) {
             q4_K_from_tile((const tile_q4_K *)w + tile * nb + b, r, (block_q4_K *)dst + b);
+        } else if (layout == PYLLM_TYPE_Q6_K_X16) {
+            q6_K_from_tile((const tile_q6_K *)w + tile * nb + b, r, (block_q6_K *)dst + b);
         } else {
             q8_0_from_tile((const tile_q8_0 *)w + tile * nb + b, r, (block_q8_0 *)dst + b);
         }

@@ -43,32 +43,37 @@ KERNEL_INLINE __m256i byte_pair(int j0, int j1) {
     return _mm256_broadcastsi128_si256(p);
 }
 
-/* One activation row's per-superblock values every half uses. */
+/* One activation row's superblock: its quants, its scale, and its 8 groups' sums of 32 (from bsums) in pairs: pair c
+ * holds groups 2c and 2c + 1 as the two int16 of a 32-bit word, what chunk c's mins multiply. */
 typedef struct {
     const int8_t *q;
-    __m256i group_sums;  /* int16 sums of its 8 groups of 32 (from bsums), in both 128-bit halves */
     __m256 d;
+    int32_t group_pairs[4];
 } act_superblock;
 
-KERNEL_INLINE act_superblock act_at(const act_rows *row, int64_t b) {
+KERNEL_INLINE void act_at(const act_rows *row, int64_t b, act_superblock *a) {
     const block_q8_K *y = (const block_q8_K *)row->rows[0] + b;
     const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
                                         _mm_loadu_si128((const __m128i *)y->bsums + 1));
-    return (act_superblock){y->qs, _mm256_broadcastsi128_si256(sums), _mm256_set1_ps(y->d)};
+    _mm_storeu_si128((__m128i *)a->group_pairs, sums);
+    a->q = y->qs;
+    a->d = _mm256_set1_ps(y->d);
 }
 
-#define MAX_ROWS 4
+/* A half's scales unpacked once a superblock, into memory on purpose: the chunks take them as operands instead of
+ * holding 14 vectors live, which left GCC too few registers for the inner loop (it spilled every broadcast). */
+typedef struct {
+    __m256i s_low[4], s_high[4];  /* chunk c's groups 2c and 2c + 1: a lane's 6-bit scale as both its int16 */
+    __m256i m_pair[4];            /* the two groups' 6-bit mins as a lane's two int16 */
+    __m256 d, dmin;
+} half_scales;
 
-/* A half's superblock (8 rows) against n_rows activation rows: acc[r] and mins[r] advanced by its 4 chunks. */
-KERNEL_INLINE void half_superblock(const half_tile_q4_K *x, const act_superblock a[MAX_ROWS], const int n_rows,
-                                   __m256 acc[MAX_ROWS], __m256 mins[MAX_ROWS]) {
-    const __m256i nibble = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi32(0x3F3F3F3F);
-    const __m256i low4 = _mm256_set1_epi32(0x0F0F0F0F), low2 = _mm256_set1_epi32(0x03030303);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->dmin));
-    const __m256i w0 = _mm256_loadu_si256((const __m256i *)x->scales[0]);
-    const __m256i w1 = _mm256_loadu_si256((const __m256i *)x->scales[1]);
-    const __m256i w2 = _mm256_loadu_si256((const __m256i *)x->scales[2]);
+KERNEL_INLINE void unpack_half_scales(const tile_q4_K *x, const int h, half_scales *s) {
+    const __m256i low6 = _mm256_set1_epi32(0x3F3F3F3F), low4 = _mm256_set1_epi32(0x0F0F0F0F);
+    const __m256i low2 = _mm256_set1_epi32(0x03030303);
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)x->scales[h][0]);
+    const __m256i w1 = _mm256_loadu_si256((const __m256i *)x->scales[h][1]);
+    const __m256i w2 = _mm256_loadu_si256((const __m256i *)x->scales[h][2]);
     /* scale_min_k4's 6-bit fields, a byte each: groups 0..3 in scales[0], 4..7 in scales[1]; the same for mins */
     const __m256i scales[2] = {
         _mm256_and_si256(w0, low6),
@@ -77,105 +82,279 @@ KERNEL_INLINE void half_superblock(const half_tile_q4_K *x, const act_superblock
         _mm256_and_si256(w1, low6),
         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
                         _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), low2), 4))};
-    __m256 scale[MAX_ROWS], scale_min[MAX_ROWS];
 #pragma GCC unroll 4
-    for (int r = 0; r < n_rows; ++r) {
-        scale[r] = _mm256_mul_ps(d, a[r].d);
-        scale_min[r] = _mm256_mul_ps(dmin, a[r].d);
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {  /* chunk c: groups 2c (low nibbles) and 2c + 1 (high) */
+    for (int c = 0; c < 4; ++c) {
         const int j = (2 * c) % 4, h = c / 2;
-        __m256i p_low[MAX_ROWS], p_high[MAX_ROWS];
+        s->s_low[c] = _mm256_shuffle_epi8(scales[h], byte_pair(j, j));
+        s->s_high[c] = _mm256_shuffle_epi8(scales[h], byte_pair(j + 1, j + 1));
+        s->m_pair[c] = _mm256_shuffle_epi8(mins6[h], byte_pair(j, j + 1));
+    }
+    s->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d[h]));
+    s->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->dmin[h]));
+}
+
+#define MAX_ROWS 4
+
+/* Per half and activation row: the running sums of vec_dot_generic.c's two Q4_K accumulators, 8 weight rows a vector. */
+typedef struct {
+    __m256 acc[2][MAX_ROWS], mins[2][MAX_ROWS];
+} tile_sums;
+
+/* Chunk c (groups 2c, low nibbles, and 2c + 1, high) of n_halves halves (from first_half) against n_rows rows: the
+ * int16 sums of its 8 four-byte units, each row's activations broadcast once for every half, then each half's exact
+ * int32 sums (scaled by the groups' 6-bit scales and mins) chained into its accumulators. */
+KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, const int first_half, const int n_halves,
+                              const act_superblock *a, const int n_rows, const int c, tile_sums *sums) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i p_low[2][MAX_ROWS], p_high[2][MAX_ROWS];
+#pragma GCC unroll 2
+    for (int h = 0; h < n_halves; ++h) {
 #pragma GCC unroll 4
-        for (int r = 0; r < n_rows; ++r) p_low[r] = p_high[r] = _mm256_setzero_si256();
-        /* 8 products of at most 15 * 127 a pair each: their int16 sum cannot overflow (8 * 2 * 1905 < 32768) */
+        for (int r = 0; r < n_rows; ++r) p_low[h][r] = p_high[h][r] = _mm256_setzero_si256();
+    }
+    /* 8 products of at most 15 * 127 a pair each: their int16 sum cannot overflow (8 * 2 * 1905 < 32768) */
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs[8 * c + k]);
+    for (int k = 0; k < 8; ++k) {
+        __m256i a_low[MAX_ROWS], a_high[MAX_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) {
+            a_low[r] = broadcast4(a[r].q + 64 * c + 4 * k);
+            a_high[r] = broadcast4(a[r].q + 64 * c + 32 + 4 * k);
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < n_halves; ++h) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs[c][first_half + h][k]);
             const __m256i low = _mm256_and_si256(q, nibble), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
 #pragma GCC unroll 4
             for (int r = 0; r < n_rows; ++r) {
-                p_low[r] = _mm256_add_epi16(p_low[r], _mm256_maddubs_epi16(low, broadcast4(a[r].q + 64 * c + 4 * k)));
-                p_high[r] = _mm256_add_epi16(p_high[r], _mm256_maddubs_epi16(high, broadcast4(a[r].q + 64 * c + 32 + 4 * k)));
+                p_low[h][r] = _mm256_add_epi16(p_low[h][r], _mm256_maddubs_epi16(low, a_low[r]));
+                p_high[h][r] = _mm256_add_epi16(p_high[h][r], _mm256_maddubs_epi16(high, a_high[r]));
             }
         }
-        const __m256i s_low = _mm256_shuffle_epi8(scales[h], byte_pair(j, j));
-        const __m256i s_high = _mm256_shuffle_epi8(scales[h], byte_pair(j + 1, j + 1));
-        const __m256i m_pair = _mm256_shuffle_epi8(mins6[h], byte_pair(j, j + 1));
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < n_halves; ++h) {
+        const half_scales *s = &scales[first_half + h];
 #pragma GCC unroll 4
         for (int r = 0; r < n_rows; ++r) {
-            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(p_low[r], s_low), _mm256_madd_epi16(p_high[r], s_high));
-            const __m256i g_pair = _mm256_permutevar8x32_epi32(a[r].group_sums, _mm256_set1_epi32(c));
-            const __m256i sum_min = _mm256_madd_epi16(m_pair, g_pair);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale[r], acc[r]);
-            mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_min), scale_min[r], mins[r]);
+            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(p_low[h][r], s->s_low[c]),
+                                                 _mm256_madd_epi16(p_high[h][r], s->s_high[c]));
+            const __m256i sum_min = _mm256_madd_epi16(s->m_pair[c], _mm256_set1_epi32(a[r].group_pairs[c]));
+            __m256 *acc = &sums->acc[first_half + h][r], *mins = &sums->mins[first_half + h][r];
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s->d, a[r].d), *acc);
+            *mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_min), _mm256_mul_ps(s->dmin, a[r].d), *mins);
         }
     }
 }
 
-/* Superblock b of the next tile into L2 while a pass over this one (in cache) computes. A tile read from memory asks
- * for nothing: the hardware's stream does as well on its contiguous superblocks. */
-KERNEL_INLINE void prefetch_l2(const uint8_t *next, int64_t b) {
-    const char *ahead = (const char *)next + b * (int64_t)sizeof(tile_q4_K);
-    for (size_t line = 0; line < sizeof(tile_q4_K); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+/* Superblock b's bytes (block_bytes of them) at `ahead`: a pass over a tile in cache (next_tile) asks for the next
+ * tile's into L2 while it computes; the single pass over a tile read from memory asks for its own a few superblocks
+ * ahead into L1 (run.c's TILE_PREFETCH_BLOCKS), which keeps the kernel fed where the hardware's stream alone fell
+ * behind (bench/README.md). */
+KERNEL_INLINE void prefetch_superblock(const uint8_t *ahead, int64_t b, size_t block_bytes, int next_tile) {
+    const char *at = (const char *)ahead + b * (int64_t)block_bytes;
+    if (next_tile) {
+        for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
+    } else {
+        for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T0);
+    }
 }
 
-/* Both halves of every superblock in turn: a decode step's one or two rows, the tile read once, in order. */
+/* The tile against n_rows rows, superblock by superblock, the tile read once, in order. One row takes both halves in
+ * each chunk (its broadcasts shared); more rows take one half at a time (their sums would not fit the registers). */
 KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
                                   const uint8_t *prefetch, const int next_tile, const int n_rows) {
-    __m256 acc[2][MAX_ROWS], mins[2][MAX_ROWS];  /* [half][row] */
+    tile_sums sums;
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 4
-        for (int r = 0; r < n_rows; ++r) acc[h][r] = mins[h][r] = _mm256_setzero_ps();
+        for (int r = 0; r < n_rows; ++r) sums.acc[h][r] = sums.mins[h][r] = _mm256_setzero_ps();
     }
+    const int halves_at_once = n_rows == 1 ? 2 : 1;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const tile_q4_K *x = (const tile_q4_K *)tile + b;
-        if (next_tile) prefetch_l2(prefetch, b);
+        if (prefetch != NULL) prefetch_superblock(prefetch, b, sizeof(tile_q4_K), next_tile);
         act_superblock a[MAX_ROWS];
 #pragma GCC unroll 4
-        for (int r = 0; r < n_rows; ++r) a[r] = act_at(&rows[r], b);
-        half_superblock(&x->half[0], a, n_rows, acc[0], mins[0]);
-        half_superblock(&x->half[1], a, n_rows, acc[1], mins[1]);
+        for (int r = 0; r < n_rows; ++r) act_at(&rows[r], b, &a[r]);
+        half_scales scales[2];
+        unpack_half_scales(x, 0, &scales[0]);
+        unpack_half_scales(x, 1, &scales[1]);
+#pragma GCC unroll 1
+        for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 1
+            for (int h = 0; h < 2; h += halves_at_once) chunk_rows(x, scales, h, halves_at_once, a, n_rows, c, &sums);
+        }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < n_rows; ++r) {
-        _mm256_storeu_ps(out + r * stride, _mm256_sub_ps(acc[0][r], mins[0][r]));
-        _mm256_storeu_ps(out + r * stride + 8, _mm256_sub_ps(acc[1][r], mins[1][r]));
-    }
-}
-
-/* One half after the other: a prompt's three or four rows, whose accumulators for both halves would not fit in the
- * registers (the tile is in cache after the first pass over it). */
-KERNEL_INLINE void q4_K_tile_rows_by_half(int64_t n, const uint8_t *tile, const act_rows *rows, float *out,
-                                          int64_t stride, const uint8_t *prefetch, const int next_tile,
-                                          const int n_rows) {
-#pragma GCC unroll 1
-    for (int h = 0; h < 2; ++h) {
-        __m256 acc[MAX_ROWS], mins[MAX_ROWS];
-#pragma GCC unroll 4
-        for (int r = 0; r < n_rows; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < n / QK_K; ++b) {
-            const tile_q4_K *x = (const tile_q4_K *)tile + b;
-            if (next_tile && h == 0) prefetch_l2(prefetch, b);
-            act_superblock a[MAX_ROWS];
-#pragma GCC unroll 4
-            for (int r = 0; r < n_rows; ++r) a[r] = act_at(&rows[r], b);
-            half_superblock(&x->half[h], a, n_rows, acc, mins);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < n_rows; ++r) _mm256_storeu_ps(out + r * stride + 8 * h, _mm256_sub_ps(acc[r], mins[r]));
+        _mm256_storeu_ps(out + r * stride, _mm256_sub_ps(sums.acc[0][r], sums.mins[0][r]));
+        _mm256_storeu_ps(out + r * stride + 8, _mm256_sub_ps(sums.acc[1][r], sums.mins[1][r]));
     }
 }
 
 static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
                                        int64_t stride, const uint8_t *prefetch, int next_tile) {
     switch (n_rows) {
-    case 4: q4_K_tile_rows_by_half(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
-    case 3: q4_K_tile_rows_by_half(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
+    case 4: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
+    case 3: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
     case 2: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
     default: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
+    }
+}
+
+
+/* ---- Q6_K_X16: 16 rows of Q6_K superblocks a tile, two halves of 8 (formats/blocks.h: tile_q6_K) ----
+ *
+ * The same lanes: a load of ql (or qh) holds a 4-byte unit of 8 rows; the low or high nibbles and the matching two
+ * bits of qh make 4 elements' 6-bit q (0..63) a lane, and one vpmaddubsw against the activation's 4 bytes gives
+ * their products in pairs. Two units (8 elements of one 16-element group) add up in int16 (2 * 2 * 63 * 127 < 32768)
+ * before a vpmaddwd by the group's scale; the - 32 of vec_dot_generic.c's q - 32 is the activation's group sums
+ * (bsums) times 32, scaled alike and taken off the exact int32 total. Then acc = fmaf(d * (float)sum, d_a, acc). */
+
+/* One activation row's superblock for Q6_K: its quants, its scale, and each group's sum of 16 (bsums) as both int16
+ * of a word. */
+typedef struct {
+    const int8_t *q;
+    __m256 d;
+    int32_t group_sums[16];
+} act_superblock_q6_K;
+
+KERNEL_INLINE void act_at_q6_K(const act_rows *row, int64_t b, act_superblock_q6_K *a) {
+    const block_q8_K *y = (const block_q8_K *)row->rows[0] + b;
+    const __m256i sums = _mm256_loadu_si256((const __m256i *)y->bsums);
+    /* in-lane unpacks: words 0..3 and 8..11, then 4..7 and 12..15 */
+    const __m256i low = _mm256_unpacklo_epi16(sums, sums), high = _mm256_unpackhi_epi16(sums, sums);
+    _mm256_storeu_si256((__m256i *)a->group_sums, _mm256_permute2x128_si256(low, high, 0x20));
+    _mm256_storeu_si256((__m256i *)a->group_sums + 1, _mm256_permute2x128_si256(low, high, 0x31));
+    a->q = y->qs;
+    a->d = _mm256_set1_ps(y->d);
+}
+
+/* Set t = 2n + k of groups (8n + k + 2i, i = 0..3) of n_halves halves (from first_half) against n_rows rows, into the
+ * int32 sums, and each group's scale times the activation's group sum, twice, into offsets. Group 8n + k + 2i holds
+ * elements 128n + 32i + 16k .. + 15: the set's ql units 4(i % 2) + w's low nibbles (i < 2) or high ones and bits 2i,
+ * 2i + 1 of its qh units w (w = 0..3). */
+KERNEL_INLINE void q6_K_groups(const tile_q6_K *x, const int first_half, const int n_halves,
+                               const act_superblock_q6_K *a, const int n_rows, const int t,
+                               __m256i sums[2][MAX_ROWS], __m256i offsets[2][MAX_ROWS]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+    /* a scale pair's int16 (rows 0..3 of the pair's first or second group in each 128-bit half) to both int16 of
+     * each row's lane */
+    const __m256i first_group = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 0, 1, 0, 1, 2, 3, 2,
+                                                 3, 4, 5, 4, 5, 6, 7, 6, 7);
+    const __m256i second_group = _mm256_add_epi8(first_group, _mm256_set1_epi8(8));
+    const q6_K_group_set *sets[2] = {&x->set[t][first_half], &x->set[t][first_half + n_halves - 1]};
+    const int8_t *q[MAX_ROWS];
+    const int32_t *group_sums[MAX_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) {
+        q[r] = a[r].q + 128 * (t / 2) + 16 * (t % 2);
+        group_sums[r] = a[r].group_sums + 8 * (t / 2) + t % 2;
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+        __m256i scale[2];
+#pragma GCC unroll 2
+        for (int hh = 0; hh < n_halves; ++hh) {
+            const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sets[hh]->scales[i / 2]));
+            scale[hh] = _mm256_shuffle_epi8(both, i % 2 == 0 ? first_group : second_group);
+        }
+        __m256i first[2][MAX_ROWS];
+#pragma GCC unroll 4
+        for (int w = 0; w < 4; ++w) {
+            __m256i act[MAX_ROWS];
+#pragma GCC unroll 4
+            for (int r = 0; r < n_rows; ++r) act[r] = broadcast4(q[r] + 32 * i + 4 * w);
+#pragma GCC unroll 2
+            for (int hh = 0; hh < n_halves; ++hh) {
+                const __m256i low = _mm256_loadu_si256((const __m256i *)sets[hh]->ql[4 * (i % 2) + w]);
+                const __m256i high = _mm256_loadu_si256((const __m256i *)sets[hh]->qh[w]);
+                const __m256i nibbles = _mm256_and_si256(i < 2 ? low : _mm256_srli_epi16(low, 4), low4);
+                const __m256i bits = i == 0   ? _mm256_slli_epi16(high, 4)
+                                     : i == 1 ? _mm256_slli_epi16(high, 2)
+                                     : i == 2 ? high
+                                              : _mm256_srli_epi16(high, 2);
+                const __m256i q6 = _mm256_or_si256(nibbles, _mm256_and_si256(bits, bits45));
+#pragma GCC unroll 4
+                for (int r = 0; r < n_rows; ++r) {
+                    const __m256i prod = _mm256_maddubs_epi16(q6, act[r]);
+                    if (w % 2 == 0) {
+                        first[hh][r] = prod;
+                    } else {
+                        const __m256i pair = _mm256_add_epi16(first[hh][r], prod);
+                        sums[hh][r] = _mm256_add_epi32(sums[hh][r], _mm256_madd_epi16(pair, scale[hh]));
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int hh = 0; hh < n_halves; ++hh) {
+#pragma GCC unroll 4
+            for (int r = 0; r < n_rows; ++r) {
+                const __m256i group_sum = _mm256_set1_epi32(group_sums[r][2 * i]);
+                offsets[hh][r] = _mm256_add_epi32(offsets[hh][r], _mm256_madd_epi16(scale[hh], group_sum));
+            }
+        }
+    }
+}
+
+/* The tile against n_rows rows, superblock by superblock, in order; one row takes both halves at once (its broadcasts
+ * shared), more rows one half at a time. */
+KERNEL_INLINE void q6_K_tile_rows(int64_t n_elements, const uint8_t *tile, const act_rows *rows, float *out,
+                                  int64_t stride, const uint8_t *prefetch, const int next_tile, const int n_rows) {
+    __m256 acc[2][MAX_ROWS];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) acc[h][r] = _mm256_setzero_ps();
+    }
+    const int halves_at_once = n_rows == 1 ? 2 : 1;
+    for (int64_t b = 0; b < n_elements / QK_K; ++b) {
+        const tile_q6_K *x = (const tile_q6_K *)tile + b;
+        if (prefetch != NULL && next_tile) prefetch_superblock(prefetch, b, sizeof(tile_q6_K), next_tile);
+        act_superblock_q6_K a[MAX_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) act_at_q6_K(&rows[r], b, &a[r]);
+#pragma GCC unroll 1
+        for (int h = 0; h < 2; h += halves_at_once) {
+            __m256i sums[2][MAX_ROWS], offsets[2][MAX_ROWS];
+#pragma GCC unroll 2
+            for (int hh = 0; hh < halves_at_once; ++hh) {
+#pragma GCC unroll 4
+                for (int r = 0; r < n_rows; ++r) sums[hh][r] = offsets[hh][r] = _mm256_setzero_si256();
+            }
+            /* the 4 sets of groups in a loop whose count the compiler cannot see: unrolled, the superblock spilled */
+            int sets = 4;
+            __asm__("" : "+r"(sets));
+#pragma GCC unroll 1
+            for (int t = 0; t < sets; ++t) q6_K_groups(x, h, halves_at_once, a, n_rows, t, sums, offsets);
+#pragma GCC unroll 2
+            for (int hh = 0; hh < halves_at_once; ++hh) {
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d[h + hh]));
+#pragma GCC unroll 4
+                for (int r = 0; r < n_rows; ++r) {
+                    /* offsets: twice each group's scale * activation sum; 16 of them is the q - 32's 32 */
+                    const __m256i sum = _mm256_sub_epi32(sums[hh][r], _mm256_slli_epi32(offsets[hh][r], 4));
+                    acc[h + hh][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sum)), a[r].d, acc[h + hh][r]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) {
+        _mm256_storeu_ps(out + r * stride, acc[0][r]);
+        _mm256_storeu_ps(out + r * stride + 8, acc[1][r]);
+    }
+}
+
+static void vec_dot_q6_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
+                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
+    switch (n_rows) {
+    case 4: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
+    case 3: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
+    case 2: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
+    default: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
     }
 }
 
@@ -187,6 +366,7 @@ static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_ro
 
 const tile_kernel_fn tile_kernel_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_K_X16] = vec_dot_q4_K_x16_q8_K_tile,
+    [PYLLM_TYPE_Q6_K_X16] = vec_dot_q6_K_x16_q8_K_tile,
 };
 
 #endif
