@@ -289,8 +289,8 @@ def test_grouped_q5_0_is_q5_0(n_blocks: int) -> None:
 def test_interleaved_is_plain(interleaved: GGMLType) -> None:
     """A Q4_1 / Q8_0 / Q5_0 / Q4_K / Q6_K matrix interleaved 16 rows at a time (the layout the model's get where the CPU
     has the tile kernels): the same rows, and matmul's same bits for lone rows, decode batches of every size (tile
-    passes of several rows and a short last one) and prompts, at one and two threads, on the best tier and on the generic one
-    (each row rebuilt for vec_dot)."""
+    passes of several rows and a short last one) and prompts, at one and two threads, on the best tier and on the
+    generic one (each row rebuilt for vec_dot)."""
     plain_type = INTERLEAVED_TYPES[interleaved]
     rng = np.random.default_rng(int(interleaved))
     n, n_blocks = 48, (9 if TYPE_TRAITS[plain_type][1] == 32 else 3)
