@@ -7,7 +7,9 @@
 MODEL: paths or catalogue names (default: the three catalogue models). For each model and thread
 count, runs `llama-bench -p P -n N -d D -t T -r R -o json` and `pyllm bench` with the same settings,
 each as its own process (so each one's peak RSS is its own, read from wait4), and prints a table:
-tokens/s of each for pp<P> and tg<N> (at each depth D), the ratio pyllm / llama.cpp, and the peak RSS of both.
+tokens/s of each for pp<P> and tg<N> (at each depth D), the ratio pyllm / llama.cpp, the peak RSS of both, and
+for decode each one's weight bytes read per second as a share of the machine's read bandwidth at that thread count
+(matmul_bandwidth.py's read_bandwidth and decode_bytes, measured at the start).
 With --rounds K the pair runs K times, which one goes first alternating, and the table gives the
 median of each one's tok/s, the median of the K ratios and their range: on a shared machine one
 pair's ratio can be 10-30% off the next one's. llama-bench comes from llama.cpp's sources, built as
@@ -30,6 +32,8 @@ import tempfile
 from collections import Counter
 from functools import partial
 from pathlib import Path
+
+from matmul_bandwidth import decode_bytes, read_bandwidth
 
 from pyllm import catalogue
 
@@ -144,11 +148,14 @@ def main() -> None:
     tests = [((p, 0, d), f"pp{p}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for p in sizes["p"] if p > 0]
     tests += [((0, n, d), f"tg{n}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for n in sizes["n"] if n > 0]
     models = [catalogue.resolve(name) for name in args.models]
+    bandwidth = {t: read_bandwidth(t) for t in (int(t) for t in args.threads.split(","))}
+    print("read bandwidth: " + ", ".join(f"{t} thread(s) {gb:.1f} GB/s" for t, gb in bandwidth.items()), flush=True)
     every_record: dict[str, list] = {"pyllm": [], "llama.cpp": []}
 
     rows = []
     for model in models:
         model_records: dict[str, list] = {"pyllm": [], "llama.cpp": []}
+        step_gb = decode_bytes(model) / 1e9
         for threads in (int(t) for t in args.threads.split(",")):
             runs: dict[str, list[tuple[dict, float]]] = {"llama.cpp": [], "pyllm": []}
             for round_ in range(args.rounds):
@@ -165,7 +172,9 @@ def main() -> None:
                 ours = [r.get(key, float("nan")) for r, _ in runs["pyllm"]]
                 ratios = [b / a for a, b in zip(theirs, ours, strict=True)]
                 a, b, ratio = statistics.median(theirs), statistics.median(ours), statistics.median(ratios)
-                rows.append((model.name, threads, test, a, b, ratio, min(ratios), max(ratios), rss_theirs, rss_ours))
+                shares = (a * step_gb / bandwidth[threads], b * step_gb / bandwidth[threads]) if key[0] == 0 else None
+                rows.append((model.name, threads, test, a, b, ratio, min(ratios), max(ratios), rss_theirs, rss_ours,
+                             shares))
                 spread = f", rounds {min(ratios):.2f}-{max(ratios):.2f}" if args.rounds > 1 else ""
                 print(f"{model.name} t={threads} {test}: llama.cpp {a:.1f}, pyllm {b:.1f} tok/s ({ratio:.2f}x{spread})",
                       flush=True)
@@ -179,11 +188,14 @@ def main() -> None:
         print(f"wrote {args.json_path}")
     ranged = args.rounds > 1
     print("\n| model | threads | test | llama.cpp tok/s | pyllm tok/s | pyllm / llama.cpp "
-          + ("| range over rounds " if ranged else "") + "| peak RSS llama.cpp MB | peak RSS pyllm MB |")
-    print("|---|---|---|---|---|---|" + ("---|" if ranged else "") + "---|---|")
-    for name, threads, test, a, b, ratio, low, high, rss_a, rss_b in rows:
+          + ("| range over rounds " if ranged else "")
+          + "| share of read bandwidth llama.cpp / pyllm | peak RSS llama.cpp MB | peak RSS pyllm MB |")
+    print("|---|---|---|---|---|---|" + ("---|" if ranged else "") + "---|---|---|")
+    for name, threads, test, a, b, ratio, low, high, rss_a, rss_b, shares in rows:
         spread = f" {low:.2f}-{high:.2f} |" if ranged else ""
-        print(f"| {name} | {threads} | {test} | {a:.1f} | {b:.1f} | {ratio:.2f} |{spread} {rss_a:.0f} | {rss_b:.0f} |")
+        share = f"{shares[0]:.0%} / {shares[1]:.0%}" if shares else ""
+        print(f"| {name} | {threads} | {test} | {a:.1f} | {b:.1f} | {ratio:.2f} |{spread} {share} | {rss_a:.0f} | "
+              f"{rss_b:.0f} |")
 
 
 if __name__ == "__main__":
