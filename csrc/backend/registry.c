@@ -54,7 +54,8 @@ static quantize_row_fn act_quantizer(const op_kernels *ops, int act_type) {
 }
 
 /* Set (tier, type): its base tier's, then the backend's own kernels; a tiled layout keeps its tile kernel and its
- * plain type's vec_dot and multi-row kernels (for rows rebuilt from the tiles), the panel kernels go three or none. */
+ * plain type's vec_dot, multi-row and panel kernels (for rows rebuilt from the tiles), the panel kernels go three or
+ * none. */
 static void build_set(int tier, int type) {
     const pyllm_type_traits *t = type_traits(type);
     pyllm_kernel_set *set = &registry.sets[tier][type];
@@ -65,7 +66,9 @@ static void build_set(int tier, int type) {
     if (t->tile_rows > 1) {
         const pyllm_kernel_set *plain = &registry.sets[tier][t->plain_type];
         *set = (pyllm_kernel_set){.vec_dot = plain->vec_dot, .rows4 = plain->rows4, .rows8 = plain->rows8,
-                                  .tile = set->tile, .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0,
+                                  .panel_prepare = plain->panel_prepare, .panel_unpack = plain->panel_unpack,
+                                  .panel = plain->panel, .tile = set->tile,
+                                  .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0,
                                   .tile_prefill = set->tile != NULL && set->tile_prefill};
     } else {
         set->tile = NULL;

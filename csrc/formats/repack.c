@@ -138,6 +138,48 @@ static void q6_K_from_tile(const tile_q6_K *tile, int row, block_q6_K *x) {
     }
 }
 
+/* A whole Q4_K or Q6_K tile block back into its 16 rows' blocks (row i's at out[i]), reading the tile in memory order:
+ * a prompt gathers every tile of a matrix it has not yet read, and this keeps that stream sequential. */
+static void q4_K_tile_to_rows(const tile_q4_K *t, block_q4_K *const out[X16_ROWS]) {
+    for (int h = 0; h < 2; ++h) {
+        for (int r = 0; r < 8; ++r) out[8 * h + r]->d = t->d[h][r], out[8 * h + r]->dmin = t->dmin[h][r];
+    }
+    for (int h = 0; h < 2; ++h) {
+        for (int w = 0; w < 3; ++w) {
+            for (int r = 0; r < 8; ++r) memcpy(out[8 * h + r]->scales + 4 * w, &t->scales[h][w][r], 4);
+        }
+    }
+    for (int c = 0; c < 4; ++c) {
+        for (int h = 0; h < 2; ++h) {
+            for (int k = 0; k < 8; ++k) {
+                for (int r = 0; r < 8; ++r) memcpy(out[8 * h + r]->qs + 32 * c + 4 * k, t->qs[c][h][k][r], 4);
+            }
+        }
+    }
+}
+
+static void q6_K_tile_to_rows(const tile_q6_K *tile, block_q6_K *const out[X16_ROWS]) {
+    for (int t = 0; t < 4; ++t) {
+        for (int h = 0; h < 2; ++h) {
+            const q6_K_group_set *set = &tile->set[t][h];
+            for (int j = 0; j < 8; ++j) {
+                for (int r = 0; r < 8; ++r) memcpy(out[8 * h + r]->ql + 4 * q6_K_tile_ql_unit(t, j), set->ql[j][r], 4);
+            }
+            for (int j = 0; j < 4; ++j) {
+                for (int r = 0; r < 8; ++r) memcpy(out[8 * h + r]->qh + 4 * q6_K_tile_qh_unit(t, j), set->qh[j][r], 4);
+            }
+        }
+    }
+    for (int row = 0; row < X16_ROWS; ++row) {
+        const int h = row / 8, r = row % 8;
+        out[row]->d = tile->d[h][r];
+        for (int g = 0; g < 16; ++g) {
+            out[row]->scales[g] =
+                tile->set[q6_K_tile_scale_set(g)][h].scales[q6_K_tile_scale_pair(g)][q6_K_tile_scale_byte(g, r)];
+        }
+    }
+}
+
 /* A matrix of Q4_1, Q8_0, Q5_0, Q4_K or Q6_K rows (type) in 16-row tiles. */
 static void interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n) {
     const pyllm_type_traits *t = type_traits(type);
@@ -162,22 +204,45 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
     }
 }
 
-void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *dst) {
-    const int64_t nb = n / type_traits(layout)->block_size, tile = row / X16_ROWS;
-    const int r = (int)(row % X16_ROWS);
+/* Rows first..first + n_rows - 1 of a tile (each within it) into dst, one plain row after another: block by block,
+ * so each tile block is read while it is in cache. */
+static void gather_rows(int layout, const void *w, int64_t tile, int first, int n_rows, int64_t n, void *dst) {
+    const int64_t nb = n / type_traits(layout)->block_size;
+    const int64_t row_bytes = nb * type_traits(type_traits(layout)->plain_type)->type_size;
+    const int whole_k_tile = n_rows == X16_ROWS && (layout == PYLLM_TYPE_Q4_K_X16 || layout == PYLLM_TYPE_Q6_K_X16);
     for (int64_t b = 0; b < nb; ++b) {
-        if (layout == PYLLM_TYPE_Q4_1_X16) {
-            q4_1_from_tile((const tile_q4_1 *)w + tile * nb + b, r, (block_q4_1 *)dst + b);
-        } else if (layout == PYLLM_TYPE_Q5_0_X16) {
-            q5_0_from_tile((const tile_q5_0 *)w + tile * nb + b, r, (block_q5_0 *)dst + b);
-        } else if (layout == PYLLM_TYPE_Q4_K_X16) {
-            q4_K_from_tile((const tile_q4_K *)w + tile * nb + b, r, (block_q4_K *)dst + b);
-        } else if (layout == PYLLM_TYPE_Q6_K_X16) {
-            q6_K_from_tile((const tile_q6_K *)w + tile * nb + b, r, (block_q6_K *)dst + b);
-        } else {
-            q8_0_from_tile((const tile_q8_0 *)w + tile * nb + b, r, (block_q8_0 *)dst + b);
+        const int64_t at = tile * nb + b;
+        if (whole_k_tile) {
+            void *out[X16_ROWS];
+            for (int i = 0; i < X16_ROWS; ++i) out[i] = (uint8_t *)dst + i * row_bytes + b * (row_bytes / nb);
+            if (layout == PYLLM_TYPE_Q4_K_X16) q4_K_tile_to_rows((const tile_q4_K *)w + at, (block_q4_K *const *)out);
+            else q6_K_tile_to_rows((const tile_q6_K *)w + at, (block_q6_K *const *)out);
+            continue;
+        }
+        for (int i = 0; i < n_rows; ++i) {
+            void *block = (uint8_t *)dst + i * row_bytes;
+            const int r = first + i;
+            if (layout == PYLLM_TYPE_Q4_1_X16) {
+                q4_1_from_tile((const tile_q4_1 *)w + at, r, (block_q4_1 *)block + b);
+            } else if (layout == PYLLM_TYPE_Q5_0_X16) {
+                q5_0_from_tile((const tile_q5_0 *)w + at, r, (block_q5_0 *)block + b);
+            } else if (layout == PYLLM_TYPE_Q4_K_X16) {
+                q4_K_from_tile((const tile_q4_K *)w + at, r, (block_q4_K *)block + b);
+            } else if (layout == PYLLM_TYPE_Q6_K_X16) {
+                q6_K_from_tile((const tile_q6_K *)w + at, r, (block_q6_K *)block + b);
+            } else {
+                q8_0_from_tile((const tile_q8_0 *)w + at, r, (block_q8_0 *)block + b);
+            }
         }
     }
+}
+
+void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *dst) {
+    gather_rows(layout, w, row / X16_ROWS, (int)(row % X16_ROWS), 1, n, dst);
+}
+
+void tile_gather(int layout, const void *w, int64_t tile, int64_t n, void *dst) {
+    gather_rows(layout, w, tile, 0, X16_ROWS, n, dst);
 }
 
 int pyllm_repack(int type, int layout, const void *src, void *dst, int64_t n_rows, int64_t n) {

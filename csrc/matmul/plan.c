@@ -20,14 +20,14 @@ static int deal_rows(matmul_plan *plan, const matmul_weight *weights, int n_weig
     return PYLLM_OK;
 }
 
-/* X's rows among the shapes: panels where the set has panel kernels (not a tiled W); a tiled W read by its tile
- * kernel takes every row; otherwise the rest in groups for the multi-row kernels, a last single row left to the
+/* X's rows among the shapes: panels where the set has panel kernels (a tiled W's rebuilt into plain rows, unless its
+ * tile kernel takes every row); otherwise the rest in groups for the multi-row kernels, a last single row left to the
  * single-row kernels; the rows no group holds (a decode step's one row) laid out for the prepared or tile kernel
  * where the set has one. */
 static void split_rows(matmul_plan *plan) {
     const pyllm_kernel_set *ks = plan->ks;
     const int64_t m = plan->m;
-    plan->n_panels = ks->panel != NULL && !plan->tiled ? m / PANEL_ROWS : 0;
+    plan->n_panels = ks->panel != NULL && !plan->use_tiles ? m / PANEL_ROWS : 0;
     const int64_t first_group_row = plan->n_panels * PANEL_ROWS, rest = m - first_group_row;
     plan->n_groups = 0;
     if (ks->rows4 != NULL && rest > 1 && !plan->use_tiles) {
@@ -44,8 +44,8 @@ static void split_rows(matmul_plan *plan) {
 static void size_scratch(matmul_plan *plan) {
     const int type = plan->ks->type;
     const int64_t k = plan->k;
-    plan->panel_bytes = plan->n_panels > 0 ? act_panel_scratch_bytes(type, k) : 0;
-    plan->unpacked_bytes = plan->n_panels > 0 ? unpacked_row_bytes(type, k) : 0;
+    plan->panel_bytes = plan->n_panels > 0 ? act_panel_scratch_bytes(plan->group_type, k) : 0;
+    plan->unpacked_bytes = plan->n_panels > 0 ? unpacked_row_bytes(plan->group_type, k) : 0;
     plan->group_bytes = act_rows_scratch_bytes(plan->group_type, k);
     plan->prepared_bytes = act_row_scratch_bytes(type, k);
     plan->gathered_bytes = plan->tiled && !plan->use_tiles ? (ROW_TILE * plan->w_row_bytes + 63) / 64 * 64 : 0;

@@ -93,13 +93,14 @@ static void prepare_groups(const matmul_plan *plan, const x_rows *rows) {
 }
 
 /* W's output columns [tile, tile_end) (at most ROW_TILE) for the panels' X rows: the weight rows unpacked once into
- * unpacked (the thread's), then each panel against them two at a time (an odd last one paired with itself). */
-static void dot_panels(const matmul_run_state *run, const matmul_weight *w, int64_t tile, int64_t tile_end,
-                       uint8_t *unpacked) {
+ * unpacked (the thread's), then each panel against them two at a time (an odd last one paired with itself). Weight
+ * row c (plain) is at data + (c - first) * w_row_bytes. */
+static void dot_panels(const matmul_run_state *run, const matmul_weight *w, const uint8_t *data, int64_t first,
+                       int64_t tile, int64_t tile_end, uint8_t *unpacked) {
     const matmul_plan *plan = run->plan;
     unpacked_row rows[ROW_TILE];
     for (int64_t c = tile; c < tile_end; ++c) {
-        plan->ks->panel_unpack((const uint8_t *)w->data + c * plan->w_row_bytes, plan->k,
+        plan->ks->panel_unpack(data + (c - first) * plan->w_row_bytes, plan->k,
                                unpacked + (c - tile) * plan->unpacked_bytes, &rows[c - tile]);
     }
     for (int64_t p = 0; p < plan->n_panels; ++p) {
@@ -197,12 +198,10 @@ static void dot_weight(const matmul_run_state *run, const x_rows *x, const matmu
         const uint8_t *data = w->data;
         int64_t first = 0;
         if (plan->tiled) {  /* a whole tile (tiled rows are a multiple of it), rebuilt once for every X row */
-            for (int64_t c = tile; c < tile_end; ++c) {
-                tile_gather_row(plan->ks->type, w->data, c, plan->k, gathered + (c - tile) * plan->w_row_bytes);
-            }
+            tile_gather(plan->ks->type, w->data, tile / ROW_TILE, plan->k, gathered);
             data = gathered, first = tile;
         }
-        if (panels) dot_panels(run, w, tile, tile_end, unpacked);
+        if (panels) dot_panels(run, w, data, first, tile, tile_end, unpacked);
         if (groups) dot_groups(plan, x, w, data, first, tile, tile_end);
         dot_single_rows(plan, x, w, data, first, tile, tile_end);
     }
@@ -273,8 +272,9 @@ static void panel_task(void *arg, int ith, int nth) {
     int64_t begin, end;
     pyllm_split_range(plan->n_panels, ith, nth, &begin, &end);
     for (int64_t p = begin; p < end; ++p) {
-        plan->ks->panel_prepare(&run->panels[p], plan->ks->type, run->shared.act + p * PANEL_ROWS * plan->act_row_bytes,
-                                plan->act_row_bytes, PANEL_ROWS, plan->k, run->panel_scratch + p * plan->panel_bytes);
+        plan->ks->panel_prepare(&run->panels[p], plan->group_type,
+                                run->shared.act + p * PANEL_ROWS * plan->act_row_bytes, plan->act_row_bytes, PANEL_ROWS,
+                                plan->k, run->panel_scratch + p * plan->panel_bytes);
     }
 }
 

@@ -147,17 +147,12 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, con
     }
 }
 
-/* Superblock b's bytes (block_bytes of them) at `ahead`: a pass over a tile in cache (next_tile) asks for the next
- * tile's into L2 while it computes; the single pass over a tile read from memory asks for its own a few superblocks
- * ahead into L1 (run.c's TILE_PREFETCH_BLOCKS), which keeps the kernel fed where the hardware's stream alone fell
- * behind (bench/README.md). */
-KERNEL_INLINE void prefetch_superblock(const uint8_t *ahead, int64_t b, size_t block_bytes, int next_tile) {
-    const char *at = (const char *)ahead + b * (int64_t)block_bytes;
-    if (next_tile) {
-        for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
-    } else {
-        for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T0);
-    }
+/* Superblock b's bytes (block_bytes of them) of the next tile into L2, asked for by a pass over a tile in cache
+ * (next_tile) while it computes. A tile streamed from memory by its one pass asks for nothing: the hardware's
+ * prefetchers keep up better alone (bench/README.md). */
+KERNEL_INLINE void prefetch_superblock(const uint8_t *next, int64_t b, size_t block_bytes) {
+    const char *at = (const char *)next + b * (int64_t)block_bytes;
+    for (size_t line = 0; line < block_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
 }
 
 /* The tile against n_rows rows, superblock by superblock, the tile read once, in order. One row takes both halves in
@@ -173,7 +168,7 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
     const int halves_at_once = n_rows == 1 ? 2 : 1;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const tile_q4_K *x = (const tile_q4_K *)tile + b;
-        if (prefetch != NULL) prefetch_superblock(prefetch, b, sizeof(tile_q4_K), next_tile);
+        if (next_tile) prefetch_superblock(prefetch, b, sizeof(tile_q4_K));
         act_superblock a[MAX_ROWS];
 #pragma GCC unroll 4
         for (int r = 0; r < n_rows; ++r) act_at(&rows[r], b, &a[r]);
@@ -312,7 +307,7 @@ KERNEL_INLINE void q6_K_tile_rows(int64_t n_elements, const uint8_t *tile, const
     const int halves_at_once = n_rows == 1 ? 2 : 1;
     for (int64_t b = 0; b < n_elements / QK_K; ++b) {
         const tile_q6_K *x = (const tile_q6_K *)tile + b;
-        if (prefetch != NULL && next_tile) prefetch_superblock(prefetch, b, sizeof(tile_q6_K), next_tile);
+        if (next_tile) prefetch_superblock(prefetch, b, sizeof(tile_q6_K));
         act_superblock_q6_K a[MAX_ROWS];
 #pragma GCC unroll 4
         for (int r = 0; r < n_rows; ++r) act_at_q6_K(&rows[r], b, &a[r]);
