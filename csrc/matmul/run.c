@@ -119,7 +119,7 @@ static void dot_panels(const matmul_run_state *run, const matmul_weight *w, cons
 }
 
 /* The X rows from first_single on against a tile (weight rows tile..tile + 15), tile_max_rows at a time. The first pass reads
- * the tile from memory: alone, it asks for it a few blocks ahead (the Q4_1 kernel does; Q8_0's stream does better
+ * the tile from memory: alone, it asks for it a few blocks ahead (the Q4_1 kernel does; Q8_0, Q4_K and Q6_K stream better
  * without); followed by others, it asks for nothing, and the second pass, which finds the tile in cache, asks for
  * the next one into L2 (the matrix's last tile: itself), so fetching overlaps the arithmetic. */
 static void dot_tile(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, int64_t tile) {
