@@ -44,9 +44,7 @@ enum pyllm_type {
     /* Not a GGUF type: a Q4_K matrix interleaved 16 rows at a time, 8 rows a vector (formats/blocks.h: tile_q4_K),
      * for the AVX2 decode kernels. */
     PYLLM_TYPE_Q4_K_X16 = 36,
-    /* Not a GGUF type: a Q6_K matrix the same way (formats/blocks.h: tile_q6_K). */
-    PYLLM_TYPE_Q6_K_X16 = 37,
-    PYLLM_TYPE_COUNT = 38
+    PYLLM_TYPE_COUNT = 37
 };
 
 /* Kernel tiers, one backend each (backend/registry.c), in order of preference: the best is the last the CPU runs.

@@ -25,8 +25,7 @@ from pyllm.kernels import GGMLType, KernelError
 KERNEL_ONLY_TYPES = (GGMLType.Q4_0_LANES, GGMLType.Q5_0_G8)
 # matrices interleaved 16 rows at a time: matmul only (no row of their own)
 INTERLEAVED_TYPES = {GGMLType.Q4_1_X16: GGMLType.Q4_1, GGMLType.Q8_0_X16: GGMLType.Q8_0,
-                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K,
-                     GGMLType.Q6_K_X16: GGMLType.Q6_K}
+                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K}
 WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, *KERNEL_ONLY_TYPES, *INTERLEAVED_TYPES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
 MATMUL_TYPES = WEIGHT_TYPES + list(KERNEL_ONLY_TYPES)
@@ -322,7 +321,7 @@ def test_interleaved_is_plain(interleaved: GGMLType) -> None:
 
 def test_interleaved_type_follows_the_tier() -> None:
     """Matrices are interleaved only where the active tier has their tile kernels: Q4_1, Q8_0 and Q5_0 on avx512_vnni,
-    Q4_K and Q6_K from avx2 up (avx512_vnni's prompts rebuild their tiles into rows for its panels)."""
+    Q4_K from avx2 up (avx512_vnni's prompts rebuild its tiles into rows for the panels)."""
     tier = kernels.active_tier()
     try:
         for use_tier in AVAILABLE_TIERS:
@@ -333,7 +332,7 @@ def test_interleaved_type_follows_the_tier() -> None:
             assert (kernels.interleaved_type(GGMLType.Q5_0) == GGMLType.Q5_0_X16) == want
             want_k_tiles = use_tier in ("avx2", "avx512", "avx512_vnni")
             assert (kernels.interleaved_type(GGMLType.Q4_K) == GGMLType.Q4_K_X16) == want_k_tiles
-            assert (kernels.interleaved_type(GGMLType.Q6_K) == GGMLType.Q6_K_X16) == want_k_tiles
+            assert kernels.interleaved_type(GGMLType.Q6_K) is None
     finally:
         kernels.set_tier(tier)
 

@@ -188,23 +188,6 @@ typedef struct {
 } block_q6_K;
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 
-/* PYLLM_TYPE_Q6_K_X16: a Q6_K matrix in 16-row tiles (tile t's superblock b at t * n_blocks + b), two halves of 8 rows,
- * row r's 4-byte units in 32-bit lane r, as Q4_K_X16. The superblock goes in the order its decode kernel reads it:
- * four sets of 16-element groups, 8n + k + 2i (n, k in 0..1, i in 0..3; elements 128n + 32i + 16k .. + 15), each set
- * both halves' ql units 16n + 4k + j and 16n + 8 + 4k + j, qh units 8n + 4k + j (j in 0..3) and group scales, which go
- * by pairs of groups, g and g + 2 for g = 8n + 4m + k: pair m holds g's rows 0..3, g + 2's rows 0..3, then the same
- * of rows 4..7, so that one sign extension to int16 puts each group's rows in the 128-bit half their lanes are in. */
-typedef struct {
-    uint8_t ql[8][8][4];     /* [j][r][b]: row r's ql[4u + b], u = 16n + 4k + j % 4 + 8 (j / 4) */
-    uint8_t qh[4][8][4];     /* [j][r][b]: row r's qh[4 (8n + 4k + j) + b] */
-    int8_t scales[2][16];    /* [m][(r / 4) * 8 + (which group) * 4 + r % 4] */
-} q6_K_group_set;
-typedef struct {
-    q6_K_group_set set[4][2];  /* [2n + k][half] */
-    fp16_t d[2][8];            /* [half][r] */
-} tile_q6_K;
-static_assert(sizeof(tile_q6_K) == X16_ROWS * sizeof(block_q6_K), "tile_q6_K size");
-
 /* Activation format of the K-quants: x = d * q, with sums of each group of 16 */
 typedef struct {
     float d;

@@ -6,8 +6,7 @@
  *   - PYLLM_TYPE_*_X16: Q4_1, Q8_0 or Q5_0 rows interleaved 16 at a time (blocks.h: tile_q4_1, ...), for the decode
  *     kernels where lane r of a vector is weight row r: a 64-byte load brings the same 4 elements of 16 rows, and one
  *     dot, one conversion and one FMA then advance 16 outputs by one lane of their reduction order, against an
- *     activation's 4 bytes broadcast; Q4_K and Q6_K the same in two halves of 8 rows (tile_q4_K, tile_q6_K), for 256-bit
- *     vectors.
+ *     activation's 4 bytes broadcast; Q4_K the same in two halves of 8 rows (tile_q4_K), for 256-bit vectors.
  * And reading a tiled matrix's row back as the plain blocks it was (the embedding's lookups, a tier without the tile
  * kernels).
  */
@@ -104,42 +103,8 @@ static void q4_K_from_tile(const tile_q4_K *t, int row, block_q4_K *x) {
     for (int u = 0; u < 32; ++u) memcpy(x->qs + 4 * u, t->qs[u / 8][h][u % 8][r], 4);
 }
 
-/* Where a Q6_K row's bytes lie in its tile (blocks.h: tile_q6_K): ql unit j of set t, qh unit j of set t, and group
- * g's scale of row r (set, pair, byte). */
-static int q6_K_tile_ql_unit(int t, int j) { return 16 * (t / 2) + 4 * (t % 2) + j % 4 + 8 * (j / 4); }
-static int q6_K_tile_qh_unit(int t, int j) { return 8 * (t / 2) + 4 * (t % 2) + j; }
-static int q6_K_tile_scale_set(int g) { return 2 * (g / 8) + g % 2; }
-static int q6_K_tile_scale_pair(int g) { return g % 8 / 4; }
-static int q6_K_tile_scale_byte(int g, int r) { return r / 4 * 8 + g % 4 / 2 * 4 + r % 4; }
-
-static void q6_K_to_tile(const block_q6_K *x, tile_q6_K *tile, int row) {
-    const int h = row / 8, r = row % 8;
-    tile->d[h][r] = x->d;
-    for (int t = 0; t < 4; ++t) {
-        q6_K_group_set *set = &tile->set[t][h];
-        for (int j = 0; j < 8; ++j) memcpy(set->ql[j][r], x->ql + 4 * q6_K_tile_ql_unit(t, j), 4);
-        for (int j = 0; j < 4; ++j) memcpy(set->qh[j][r], x->qh + 4 * q6_K_tile_qh_unit(t, j), 4);
-    }
-    for (int g = 0; g < 16; ++g) {
-        tile->set[q6_K_tile_scale_set(g)][h].scales[q6_K_tile_scale_pair(g)][q6_K_tile_scale_byte(g, r)] = x->scales[g];
-    }
-}
-
-static void q6_K_from_tile(const tile_q6_K *tile, int row, block_q6_K *x) {
-    const int h = row / 8, r = row % 8;
-    x->d = tile->d[h][r];
-    for (int t = 0; t < 4; ++t) {
-        const q6_K_group_set *set = &tile->set[t][h];
-        for (int j = 0; j < 8; ++j) memcpy(x->ql + 4 * q6_K_tile_ql_unit(t, j), set->ql[j][r], 4);
-        for (int j = 0; j < 4; ++j) memcpy(x->qh + 4 * q6_K_tile_qh_unit(t, j), set->qh[j][r], 4);
-    }
-    for (int g = 0; g < 16; ++g) {
-        x->scales[g] = tile->set[q6_K_tile_scale_set(g)][h].scales[q6_K_tile_scale_pair(g)][q6_K_tile_scale_byte(g, r)];
-    }
-}
-
-/* A whole Q4_K or Q6_K tile block back into its 16 rows' blocks (row i's at out[i]), reading the tile in memory order:
- * a prompt gathers every tile of a matrix it has not yet read, and this keeps that stream sequential. */
+/* A whole Q4_K tile block back into its 16 rows' blocks (row i's at out[i]), reading the tile in memory order: a
+ * prompt gathers every tile of a matrix it has not yet read, and this keeps that stream sequential. */
 static void q4_K_tile_to_rows(const tile_q4_K *t, block_q4_K *const out[X16_ROWS]) {
     for (int h = 0; h < 2; ++h) {
         for (int r = 0; r < 8; ++r) out[8 * h + r]->d = t->d[h][r], out[8 * h + r]->dmin = t->dmin[h][r];
@@ -158,29 +123,7 @@ static void q4_K_tile_to_rows(const tile_q4_K *t, block_q4_K *const out[X16_ROWS
     }
 }
 
-static void q6_K_tile_to_rows(const tile_q6_K *tile, block_q6_K *const out[X16_ROWS]) {
-    for (int t = 0; t < 4; ++t) {
-        for (int h = 0; h < 2; ++h) {
-            const q6_K_group_set *set = &tile->set[t][h];
-            for (int j = 0; j < 8; ++j) {
-                for (int r = 0; r < 8; ++r) memcpy(out[8 * h + r]->ql + 4 * q6_K_tile_ql_unit(t, j), set->ql[j][r], 4);
-            }
-            for (int j = 0; j < 4; ++j) {
-                for (int r = 0; r < 8; ++r) memcpy(out[8 * h + r]->qh + 4 * q6_K_tile_qh_unit(t, j), set->qh[j][r], 4);
-            }
-        }
-    }
-    for (int row = 0; row < X16_ROWS; ++row) {
-        const int h = row / 8, r = row % 8;
-        out[row]->d = tile->d[h][r];
-        for (int g = 0; g < 16; ++g) {
-            out[row]->scales[g] =
-                tile->set[q6_K_tile_scale_set(g)][h].scales[q6_K_tile_scale_pair(g)][q6_K_tile_scale_byte(g, r)];
-        }
-    }
-}
-
-/* A matrix of Q4_1, Q8_0, Q5_0, Q4_K or Q6_K rows (type) in 16-row tiles. */
+/* A matrix of Q4_1, Q8_0, Q5_0 or Q4_K rows (type) in 16-row tiles. */
 static void interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n) {
     const pyllm_type_traits *t = type_traits(type);
     const int64_t nb = n / t->block_size, block_bytes = t->type_size;
@@ -195,8 +138,6 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
                 q5_0_to_tile((const block_q5_0 *)blocks + b, (tile_q5_0 *)dst + tile * nb + b, r);
             } else if (type == PYLLM_TYPE_Q4_K) {
                 q4_K_to_tile((const block_q4_K *)blocks + b, (tile_q4_K *)dst + tile * nb + b, r);
-            } else if (type == PYLLM_TYPE_Q6_K) {
-                q6_K_to_tile((const block_q6_K *)blocks + b, (tile_q6_K *)dst + tile * nb + b, r);
             } else {
                 q8_0_to_tile((const block_q8_0 *)blocks + b, (tile_q8_0 *)dst + tile * nb + b, r);
             }
@@ -209,14 +150,12 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
 static void gather_rows(int layout, const void *w, int64_t tile, int first, int n_rows, int64_t n, void *dst) {
     const int64_t nb = n / type_traits(layout)->block_size;
     const int64_t row_bytes = nb * type_traits(type_traits(layout)->plain_type)->type_size;
-    const int whole_k_tile = n_rows == X16_ROWS && (layout == PYLLM_TYPE_Q4_K_X16 || layout == PYLLM_TYPE_Q6_K_X16);
     for (int64_t b = 0; b < nb; ++b) {
         const int64_t at = tile * nb + b;
-        if (whole_k_tile) {
-            void *out[X16_ROWS];
-            for (int i = 0; i < X16_ROWS; ++i) out[i] = (uint8_t *)dst + i * row_bytes + b * (row_bytes / nb);
-            if (layout == PYLLM_TYPE_Q4_K_X16) q4_K_tile_to_rows((const tile_q4_K *)w + at, (block_q4_K *const *)out);
-            else q6_K_tile_to_rows((const tile_q6_K *)w + at, (block_q6_K *const *)out);
+        if (layout == PYLLM_TYPE_Q4_K_X16 && n_rows == X16_ROWS) {
+            block_q4_K *out[X16_ROWS];
+            for (int i = 0; i < X16_ROWS; ++i) out[i] = (block_q4_K *)((uint8_t *)dst + i * row_bytes) + b;
+            q4_K_tile_to_rows((const tile_q4_K *)w + at, out);
             continue;
         }
         for (int i = 0; i < n_rows; ++i) {
@@ -228,8 +167,6 @@ static void gather_rows(int layout, const void *w, int64_t tile, int first, int 
                 q5_0_from_tile((const tile_q5_0 *)w + at, r, (block_q5_0 *)block + b);
             } else if (layout == PYLLM_TYPE_Q4_K_X16) {
                 q4_K_from_tile((const tile_q4_K *)w + at, r, (block_q4_K *)block + b);
-            } else if (layout == PYLLM_TYPE_Q6_K_X16) {
-                q6_K_from_tile((const tile_q6_K *)w + at, r, (block_q6_K *)block + b);
             } else {
                 q8_0_from_tile((const tile_q8_0 *)w + at, r, (block_q8_0 *)block + b);
             }

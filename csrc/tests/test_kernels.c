@@ -125,7 +125,7 @@ static void test_matmul_invariance(void) {
  * passes, groups and panels, 1-3 threads. */
 static void test_matmul_many_is_matmul_each(void) {
     const int types[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16,
-                         PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16, PYLLM_TYPE_Q6_K_X16};
+                         PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16};
     const int64_t k = 512, ms[] = {1, 4, 7, 37};
     enum { N_W = 3 };
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
@@ -527,16 +527,15 @@ static void test_grouped_q5_0_is_q5_0(void) {
     }
 }
 
-/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16, Q6_K_X16) are their plain matrices: each row gathered back is
+/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16) are their plain matrices: each row gathered back is
  * the plain row's bytes, rows dequantize to the same values, the tile kernels (where the CPU runs them) give generic
  * vec_dot's bits for one and two activation rows, and matmul gives the plain type's bits for every M (panels, tile
  * passes, an odd last row) and thread count, on every tier (where a tier has no tile kernel: rebuilt rows through
  * vec_dot). 1..20 blocks a row (1..6 superblocks), every kind of weight bytes, two tiles. */
 static void test_interleaved_is_plain(void) {
     enum { N_OUT = 2 * X16_ROWS, M_MAX = 20 };
-    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K};
-    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16,
-                               PYLLM_TYPE_Q6_K_X16};
+    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q4_K};
+    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16};
     _Static_assert(sizeof bases == sizeof interleaved, "a base for every interleaved layout");
     const int64_t ms[] = {1, 2, 3, 4, 5, 17, M_MAX};
     const int tier = pyllm_active_tier();
