@@ -170,6 +170,63 @@ PANEL_UNPACK(panel_unpack_q5_0_g8, read_q5_0_g8, 0, 0)
 PANEL_UNPACK(panel_unpack_q5_1, read_q5_1, 0, 1)
 PANEL_UNPACK(panel_unpack_q8_0, read_q8_0, 0, 0)
 
+/* A K-quant superblock unpacked (in unpacked_q4_K's 384 bytes): its 256 weights in element order (Q4_K: 0..15,
+ * Q6_K: q - 32), each group's scale as int32 (8 groups of 32 or 16 of 16) and, Q4_K, each group's 6-bit min as a
+ * float. */
+typedef struct {
+    int8_t q[QK_K];
+    int32_t scale[16];
+    float min[8];
+    uint8_t pad[32];
+} unpacked_k;
+static_assert(sizeof(unpacked_k) == sizeof(unpacked_q4_K), "unpacked_k size");
+
+static void panel_unpack_q4_K(const void *w, int64_t n, void *scratch, unpacked_row *row) {
+    const block_q4_K *x = w;
+    const int64_t nb = n / QK_K;
+    float *d = (float *)((uint8_t *)scratch + nb * (int64_t)sizeof(unpacked_k)), *dmin = d + (nb + 15) / 16 * 16;
+    row->blocks = scratch, row->d = d, row->m = dmin;
+    for (int64_t b = 0; b < nb; ++b) {
+        unpacked_k *out = (unpacked_k *)scratch + b;
+        memset(out, 0, sizeof *out);
+        for (int chunk = 0; chunk < 4; ++chunk) {  /* 64 elements: the low nibbles of 32 bytes, then their high ones */
+            for (int l = 0; l < 32; ++l) {
+                out->q[64 * chunk + l] = (int8_t)(x[b].qs[32 * chunk + l] & 0x0F);
+                out->q[64 * chunk + 32 + l] = (int8_t)(x[b].qs[32 * chunk + l] >> 4);
+            }
+        }
+        for (int g = 0; g < 8; ++g) {
+            uint8_t sc, mn;
+            scale_min_k4(g, x[b].scales, &sc, &mn);
+            out->scale[g] = sc, out->min[g] = mn;
+        }
+        d[b] = fp16_to_fp32(x[b].d), dmin[b] = fp16_to_fp32(x[b].dmin);
+    }
+}
+
+static void panel_unpack_q6_K(const void *w, int64_t n, void *scratch, unpacked_row *row) {
+    const block_q6_K *x = w;
+    const int64_t nb = n / QK_K;
+    float *d = (float *)((uint8_t *)scratch + nb * (int64_t)sizeof(unpacked_k));
+    row->blocks = scratch, row->d = d, row->m = NULL;
+    for (int64_t b = 0; b < nb; ++b) {
+        unpacked_k *out = (unpacked_k *)scratch + b;
+        memset(out, 0, sizeof *out);
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t *ql = x[b].ql + 64 * half, *qh = x[b].qh + 32 * half;
+            int8_t *q = out->q + 128 * half;
+            for (int l = 0; l < 32; ++l) {
+                q[l] = (int8_t)(((ql[l] & 0xF) | (qh[l] & 3) << 4) - 32);
+                q[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
+                q[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+                q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+            }
+        }
+        for (int g = 0; g < 16; ++g) out->scale[g] = x[b].scales[g];
+        d[b] = fp16_to_fp32(x[b].d);
+    }
+}
+
 /* ---- the kernels ---- */
 
 /* The low (high) 8 bytes of x0 and of x1: a B operand, w0's 8 weights then w1's. */
@@ -280,6 +337,95 @@ static void vec_dot_32_lanes_min_panel(int64_t n, const unpacked_row rows[2], co
     panel_lanes(n, rows, p, out, 1);
 }
 
+/* [v0, v1, v0, v1] in int32 */
+static inline int32x4_t by_weight_s32(int32_t v0, int32_t v1) {
+    const int32x2_t v = vset_lane_s32(v1, vdup_n_s32(v0), 1);
+    return vcombine_s32(v, v);
+}
+
+/* s + the exact sums of elements 8 h .. 8 h + 15 of a panel block (ab) for two rows (pair pr) against the two
+ * weight rows' 16 weights from there (x0, x1), by two smmla. */
+static inline int32x4_t dot16_pair(int32x4_t s, const int8_t *ab, int h, int pr, int8x16_t x0, int8x16_t x1) {
+    s = vmmlaq_s32(s, vld1q_s8(ab + 8 * PANEL_ROWS * h + 16 * pr), pair_lo(x0, x1));
+    return vmmlaq_s32(s, vld1q_s8(ab + 8 * PANEL_ROWS * (h + 1) + 16 * pr), pair_hi(x0, x1));
+}
+
+/* Q4_K: per 64-element chunk, sum_q = sc0 * (group 2c's exact sum) + sc1 * (group 2c + 1's), acc = fmaf((float)sum_q,
+ * d * d_a, acc); the mins' chain (sum_min = m0 * (group 2c's activations summed) + m1 * ..., exact in float) in a
+ * loop of its own: mins = fmaf((float)sum_min, dmin * d_a, mins); then acc - mins. */
+static void vec_dot_q4_K_q8_K_panel(int64_t n, const unpacked_row rows[2], const act_panel *p,
+                                    float out[2][PANEL_ROWS]) {
+    const unpacked_k *w0 = rows[0].blocks, *w1 = rows[1].blocks;
+    const int8_t *a = (const int8_t *)p->quants;
+    float32x4_t acc[PANEL_ROWS / 2], mins[PANEL_ROWS / 2];
+    for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) acc[pr] = mins[pr] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const float32x4_t dw = by_weight(rows[0].d[b], rows[1].d[b]);
+        const float *da = p->scale + b * PANEL_ROWS;
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            int32x4_t sum[PANEL_ROWS / 2];
+            for (int gi = 0; gi < 2; ++gi) {
+                const int g = 2 * chunk + gi;
+                const int8x16_t x0a = vld1q_s8(w0[b].q + 32 * g), x0b = vld1q_s8(w0[b].q + 32 * g + 16);
+                const int8x16_t x1a = vld1q_s8(w1[b].q + 32 * g), x1b = vld1q_s8(w1[b].q + 32 * g + 16);
+                const int32x4_t sc = by_weight_s32(w0[b].scale[g], w1[b].scale[g]);
+                const int8_t *ab = a + (8 * b + g) * 8 * PANEL_ROWS * 4;
+                for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+                    const int32x4_t s = dot16_pair(dot16_pair(vdupq_n_s32(0), ab, 0, pr, x0a, x1a), ab, 2, pr, x0b, x1b);
+                    sum[pr] = gi == 0 ? vmulq_s32(s, sc) : vmlaq_s32(sum[pr], s, sc);
+                }
+            }
+            for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+                acc[pr] = vfmaq_f32(acc[pr], vcvtq_f32_s32(sum[pr]), vmulq_f32(dw, by_row(da + 2 * pr)));
+            }
+        }
+    }
+    for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+        for (int64_t b = 0; b < n / QK_K; ++b) {
+            const float32x4_t scale_min = vmulq_f32(by_weight(rows[0].m[b], rows[1].m[b]),
+                                                    by_row(p->scale + b * PANEL_ROWS + 2 * pr));
+            for (int chunk = 0; chunk < 4; ++chunk) {
+                const int g = 2 * chunk;
+                const float *gs = p->group_sums + (8 * b + g) * PANEL_ROWS + 2 * pr;
+                const float32x4_t sum_min = vfmaq_f32(vmulq_f32(by_weight(w0[b].min[g], w1[b].min[g]), by_row(gs)),
+                                                      by_weight(w0[b].min[g + 1], w1[b].min[g + 1]),
+                                                      by_row(gs + PANEL_ROWS));
+                mins[pr] = vfmaq_f32(mins[pr], sum_min, scale_min);
+            }
+        }
+        acc[pr] = vsubq_f32(acc[pr], mins[pr]);
+    }
+    for (int quad = 0; quad < PANEL_ROWS / 4; ++quad) store_quad(out, quad, acc[2 * quad], acc[2 * quad + 1]);
+}
+
+/* Q6_K: each 16-element group's exact sum (two smmla) times its scale, summed over the superblock in int32, then
+ * acc = fmaf(d * (float)sum, d_a, acc). */
+static void vec_dot_q6_K_q8_K_panel(int64_t n, const unpacked_row rows[2], const act_panel *p,
+                                    float out[2][PANEL_ROWS]) {
+    const unpacked_k *w0 = rows[0].blocks, *w1 = rows[1].blocks;
+    const int8_t *a = (const int8_t *)p->quants;
+    float32x4_t acc[PANEL_ROWS / 2];
+    for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) acc[pr] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int32x4_t sum[PANEL_ROWS / 2];
+        for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) sum[pr] = vdupq_n_s32(0);
+        for (int g = 0; g < 16; ++g) {  /* elements 16 g ..: panel block 8 b + g / 2, h = 2 (g % 2) and the next */
+            const int8x16_t x0 = vld1q_s8(w0[b].q + 16 * g), x1 = vld1q_s8(w1[b].q + 16 * g);
+            const int32x4_t sc = by_weight_s32(w0[b].scale[g], w1[b].scale[g]);
+            const int8_t *ab = a + (8 * b + g / 2) * 8 * PANEL_ROWS * 4;
+            for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+                sum[pr] = vmlaq_s32(sum[pr], dot16_pair(vdupq_n_s32(0), ab, 2 * (g % 2), pr, x0, x1), sc);
+            }
+        }
+        const float32x4_t dw = by_weight(rows[0].d[b], rows[1].d[b]);
+        const float *da = p->scale + b * PANEL_ROWS;
+        for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+            acc[pr] = vfmaq_f32(acc[pr], vmulq_f32(dw, vcvtq_f32_s32(sum[pr])), by_row(da + 2 * pr));
+        }
+    }
+    for (int quad = 0; quad < PANEL_ROWS / 4; ++quad) store_quad(out, quad, acc[2 * quad], acc[2 * quad + 1]);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -290,14 +436,15 @@ const panel_unpack_fn panel_unpack_table_neon_i8mm[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = panel_unpack_q4_0, [PYLLM_TYPE_Q4_0_LANES] = panel_unpack_q4_0_lanes,
     [PYLLM_TYPE_Q4_1] = panel_unpack_q4_1, [PYLLM_TYPE_Q5_0] = panel_unpack_q5_0,
     [PYLLM_TYPE_Q5_0_G8] = panel_unpack_q5_0_g8, [PYLLM_TYPE_Q5_1] = panel_unpack_q5_1,
-    [PYLLM_TYPE_Q8_0] = panel_unpack_q8_0,
+    [PYLLM_TYPE_Q8_0] = panel_unpack_q8_0, [PYLLM_TYPE_Q4_K] = panel_unpack_q4_K, [PYLLM_TYPE_Q6_K] = panel_unpack_q6_K,
 };
 
 const panel_kernel_fn panel_kernel_table_neon_i8mm[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_0] = vec_dot_q4_0_q8_0_panel, [PYLLM_TYPE_Q4_0_LANES] = vec_dot_32_lanes_panel,
     [PYLLM_TYPE_Q4_1] = vec_dot_32_lanes_min_panel, [PYLLM_TYPE_Q5_0] = vec_dot_32_lanes_panel,
     [PYLLM_TYPE_Q5_0_G8] = vec_dot_32_lanes_panel, [PYLLM_TYPE_Q5_1] = vec_dot_32_lanes_min_panel,
-    [PYLLM_TYPE_Q8_0] = vec_dot_32_lanes_panel,
+    [PYLLM_TYPE_Q8_0] = vec_dot_32_lanes_panel, [PYLLM_TYPE_Q4_K] = vec_dot_q4_K_q8_K_panel,
+    [PYLLM_TYPE_Q6_K] = vec_dot_q6_K_q8_K_panel,
 };
 
 const panel_prepare_fn panel_prepare_neon_i8mm = panel_prepare_pairs;
