@@ -260,6 +260,7 @@ static void vec_dot_q4_0_q8_0_panel(int64_t n, const unpacked_row rows[2], const
                                     float out[2][PANEL_ROWS]) {
     const int8_t *w0 = rows[0].blocks, *w1 = rows[1].blocks, *a = (const int8_t *)p->quants;
     float32x4_t acc[PANEL_ROWS / 2];
+    #pragma GCC unroll 8
     for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) acc[pr] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < n / QK32; ++b) {
         const int8x16_t x0a = vld1q_s8(w0 + 64 * b), x0b = vld1q_s8(w0 + 64 * b + 16);
@@ -269,6 +270,7 @@ static void vec_dot_q4_0_q8_0_panel(int64_t n, const unpacked_row rows[2], const
         const float32x4_t dw = by_weight(rows[0].d[b], rows[1].d[b]);
         const int8_t *ab = a + b * 8 * PANEL_ROWS * 4;
         const float *da = p->scale + b * PANEL_ROWS;
+        #pragma GCC unroll 8
         for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {  /* rows 2 pr, 2 pr + 1: 16 bytes at [h][2 pr] */
             int32x4_t s = vmmlaq_s32(vdupq_n_s32(0), vld1q_s8(ab + 16 * pr), wq0);
             s = vmmlaq_s32(s, vld1q_s8(ab + 8 * PANEL_ROWS + 16 * pr), wq1);
@@ -289,8 +291,10 @@ static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const u
     const int8_t *w0 = rows[0].blocks, *w1 = rows[1].blocks, *a = (const int8_t *)p->quants;
     for (int quad = 0; quad < PANEL_ROWS / 4; ++quad) {
         float32x4_t acc[2][8], mins[2];
+        #pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
             mins[i] = vdupq_n_f32(0.0f);
+            #pragma GCC unroll 8
             for (int l = 0; l < 8; ++l) acc[i][l] = mins[i];
         }
         for (int64_t b = 0; b < n / QK32; ++b) {
@@ -298,9 +302,11 @@ static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const u
             const float *da = p->scale + b * PANEL_ROWS + 4 * quad;
             const float32x4_t scale[2] = {vmulq_f32(dw, by_row(da)), vmulq_f32(dw, by_row(da + 2))};
             const int8_t *ab = a + b * 8 * PANEL_ROWS * 4 + 32 * quad;
+            #pragma GCC unroll 4
             for (int h = 0; h < 4; ++h) {
                 const int8x16_t x0 = vld1q_s8(w0 + 64 * b + 16 * h), x1 = vld1q_s8(w1 + 64 * b + 16 * h);
                 const int8x16_t even = pair_lo(x0, x1), odd = pair_hi(x0, x1);
+                #pragma GCC unroll 2
                 for (int i = 0; i < 2; ++i) {
                     const int8x16_t rows2 = vld1q_s8(ab + 8 * PANEL_ROWS * h + 16 * i);
                     const int32x4_t le = vmmlaq_s32(vdupq_n_s32(0), rows2, even);
@@ -317,6 +323,7 @@ static inline __attribute__((always_inline)) void panel_lanes(int64_t n, const u
             }
         }
         float32x4_t total[2];
+        #pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
             const float32x4_t a4_0 = vaddq_f32(acc[i][0], acc[i][4]), a4_1 = vaddq_f32(acc[i][1], acc[i][5]);
             const float32x4_t a4_2 = vaddq_f32(acc[i][2], acc[i][6]), a4_3 = vaddq_f32(acc[i][3], acc[i][7]);
@@ -358,43 +365,57 @@ static void vec_dot_q4_K_q8_K_panel(int64_t n, const unpacked_row rows[2], const
     const unpacked_k *w0 = rows[0].blocks, *w1 = rows[1].blocks;
     const int8_t *a = (const int8_t *)p->quants;
     float32x4_t acc[PANEL_ROWS / 2], mins[PANEL_ROWS / 2];
+    #pragma GCC unroll 8
     for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) acc[pr] = mins[pr] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < n / QK_K; ++b) {
         const float32x4_t dw = by_weight(rows[0].d[b], rows[1].d[b]);
         const float *da = p->scale + b * PANEL_ROWS;
+        #pragma GCC unroll 4
         for (int chunk = 0; chunk < 4; ++chunk) {
             int32x4_t sum[PANEL_ROWS / 2];
+            #pragma GCC unroll 2
             for (int gi = 0; gi < 2; ++gi) {
                 const int g = 2 * chunk + gi;
                 const int8x16_t x0a = vld1q_s8(w0[b].q + 32 * g), x0b = vld1q_s8(w0[b].q + 32 * g + 16);
                 const int8x16_t x1a = vld1q_s8(w1[b].q + 32 * g), x1b = vld1q_s8(w1[b].q + 32 * g + 16);
                 const int32x4_t sc = by_weight_s32(w0[b].scale[g], w1[b].scale[g]);
                 const int8_t *ab = a + (8 * b + g) * 8 * PANEL_ROWS * 4;
+                #pragma GCC unroll 8
                 for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
-                    const int32x4_t s = dot16_pair(dot16_pair(vdupq_n_s32(0), ab, 0, pr, x0a, x1a), ab, 2, pr, x0b, x1b);
+                    const int32x4_t s =
+                        dot16_pair(dot16_pair(vdupq_n_s32(0), ab, 0, pr, x0a, x1a), ab, 2, pr, x0b, x1b);
                     sum[pr] = gi == 0 ? vmulq_s32(s, sc) : vmlaq_s32(sum[pr], s, sc);
                 }
             }
+            #pragma GCC unroll 8
             for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
                 acc[pr] = vfmaq_f32(acc[pr], vcvtq_f32_s32(sum[pr]), vmulq_f32(dw, by_row(da + 2 * pr)));
             }
         }
     }
-    for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
         for (int64_t b = 0; b < n / QK_K; ++b) {
-            const float32x4_t scale_min = vmulq_f32(by_weight(rows[0].m[b], rows[1].m[b]),
-                                                    by_row(p->scale + b * PANEL_ROWS + 2 * pr));
-            for (int chunk = 0; chunk < 4; ++chunk) {
-                const int g = 2 * chunk;
-                const float *gs = p->group_sums + (8 * b + g) * PANEL_ROWS + 2 * pr;
-                const float32x4_t sum_min = vfmaq_f32(vmulq_f32(by_weight(w0[b].min[g], w1[b].min[g]), by_row(gs)),
-                                                      by_weight(w0[b].min[g + 1], w1[b].min[g + 1]),
-                                                      by_row(gs + PANEL_ROWS));
-                mins[pr] = vfmaq_f32(mins[pr], sum_min, scale_min);
+        const float32x4_t dmin = by_weight(rows[0].m[b], rows[1].m[b]);
+        float32x4_t scale_min[PANEL_ROWS / 2];
+#pragma GCC unroll 8
+        for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+            scale_min[pr] = vmulq_f32(dmin, by_row(p->scale + b * PANEL_ROWS + 2 * pr));
+        }
+#pragma GCC unroll 4
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            const int g = 2 * chunk;
+            const float32x4_t m0 = by_weight(w0[b].min[g], w1[b].min[g]);
+            const float32x4_t m1 = by_weight(w0[b].min[g + 1], w1[b].min[g + 1]);
+            const float *gs = p->group_sums + (8 * b + g) * PANEL_ROWS;
+#pragma GCC unroll 8
+            for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
+                const float32x4_t sum_min =
+                    vfmaq_f32(vmulq_f32(m0, by_row(gs + 2 * pr)), m1, by_row(gs + PANEL_ROWS + 2 * pr));
+                mins[pr] = vfmaq_f32(mins[pr], sum_min, scale_min[pr]);
             }
         }
-        acc[pr] = vsubq_f32(acc[pr], mins[pr]);
     }
+#pragma GCC unroll 8
+    for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) acc[pr] = vsubq_f32(acc[pr], mins[pr]);
     for (int quad = 0; quad < PANEL_ROWS / 4; ++quad) store_quad(out, quad, acc[2 * quad], acc[2 * quad + 1]);
 }
 
@@ -405,20 +426,24 @@ static void vec_dot_q6_K_q8_K_panel(int64_t n, const unpacked_row rows[2], const
     const unpacked_k *w0 = rows[0].blocks, *w1 = rows[1].blocks;
     const int8_t *a = (const int8_t *)p->quants;
     float32x4_t acc[PANEL_ROWS / 2];
+    #pragma GCC unroll 8
     for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) acc[pr] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < n / QK_K; ++b) {
         int32x4_t sum[PANEL_ROWS / 2];
+        #pragma GCC unroll 8
         for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) sum[pr] = vdupq_n_s32(0);
         for (int g = 0; g < 16; ++g) {  /* elements 16 g ..: panel block 8 b + g / 2, h = 2 (g % 2) and the next */
             const int8x16_t x0 = vld1q_s8(w0[b].q + 16 * g), x1 = vld1q_s8(w1[b].q + 16 * g);
             const int32x4_t sc = by_weight_s32(w0[b].scale[g], w1[b].scale[g]);
             const int8_t *ab = a + (8 * b + g / 2) * 8 * PANEL_ROWS * 4;
+            #pragma GCC unroll 8
             for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
                 sum[pr] = vmlaq_s32(sum[pr], dot16_pair(vdupq_n_s32(0), ab, 2 * (g % 2), pr, x0, x1), sc);
             }
         }
         const float32x4_t dw = by_weight(rows[0].d[b], rows[1].d[b]);
         const float *da = p->scale + b * PANEL_ROWS;
+        #pragma GCC unroll 8
         for (int pr = 0; pr < PANEL_ROWS / 2; ++pr) {
             acc[pr] = vfmaq_f32(acc[pr], vmulq_f32(dw, vcvtq_f32_s32(sum[pr])), by_row(da + 2 * pr));
         }
