@@ -58,7 +58,8 @@ enum pyllm_tier {
     PYLLM_TIER_AVX512_VNNI = 3,   /* the above + AVX-512 VNNI */
     PYLLM_TIER_NEON = 4,          /* aarch64 Advanced SIMD */
     PYLLM_TIER_NEON_DOTPROD = 5,  /* the above + FEAT_DotProd (sdot) */
-    PYLLM_TIER_COUNT = 6
+    PYLLM_TIER_NEON_I8MM = 6,     /* the above + FEAT_I8MM (smmla): a prompt's matmuls in panels */
+    PYLLM_TIER_COUNT = 7
 };
 
 /* Error codes returned by the int-valued functions below. */

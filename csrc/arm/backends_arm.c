@@ -2,10 +2,12 @@
  * backends_arm.c - the aarch64 tiers as backends (backend/kernel_set.h), each building on the one below:
  *   neon          every weight type's vec_dot by 128-bit Advanced SIMD, int8 dots by smull + pairwise adds
  *                 (vec_dot_neon.c): every aarch64 CPU;
- *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), where the CPU has FEAT_DotProd.
- * Their sets have vec_dot alone (matmul goes row by row); the ops are ops_neon.c's. The dotprod kernels take their target
- * by pragma, so one build runs on any aarch64: the tier is used only where the OS says the CPU runs it (Linux:
- * getauxval(AT_HWCAP); macOS: sysctl hw.optional.arm.FEAT_DotProd).
+ *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), where the CPU has FEAT_DotProd;
+ *   neon_i8mm     neon_dotprod's, and a prompt's rows in panels of 16 by smmla (panel_neon_i8mm.c), where the CPU has
+ *                 FEAT_I8MM as well.
+ * Their vec_dot kernels alone serve a decode step (matmul goes row by row); the ops are ops_neon.c's. The dotprod and
+ * i8mm kernels take their target by pragma, so one build runs on any aarch64: a tier is used only where the OS says
+ * the CPU runs it (Linux: getauxval(AT_HWCAP) and AT_HWCAP2; macOS: sysctl hw.optional.arm.FEAT_DotProd, FEAT_I8MM).
  */
 #include "arm/arm.h"
 
@@ -20,18 +22,28 @@
 #define HWCAP_ASIMDDP (1UL << 20)
 #endif
 
+#ifndef AT_HWCAP2
+#define AT_HWCAP2 26
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
+
 static int runs_neon(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0; }
 static int runs_neon_dotprod(void) { return runs_neon() && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+static int runs_neon_i8mm(void) { return runs_neon_dotprod() && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 
 #elif defined(__APPLE__)
 #include <sys/sysctl.h>
 
 static int runs_neon(void) { return 1; }  /* every Apple arm64 CPU */
-static int runs_neon_dotprod(void) {
+static int has_feature(const char *name) {
     int has = 0;
     size_t len = sizeof has;
-    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &has, &len, NULL, 0) == 0 && has != 0;
+    return sysctlbyname(name, &has, &len, NULL, 0) == 0 && has != 0;
 }
+static int runs_neon_dotprod(void) { return has_feature("hw.optional.arm.FEAT_DotProd"); }
+static int runs_neon_i8mm(void) { return runs_neon_dotprod() && has_feature("hw.optional.arm.FEAT_I8MM"); }
 
 #else /* no way to ask here: Advanced SIMD is part of the aarch64 ABI, dotprod only if the build assumed it */
 
@@ -40,6 +52,11 @@ static int runs_neon(void) { return 1; }
 static int runs_neon_dotprod(void) { return 1; }
 #else
 static int runs_neon_dotprod(void) { return 0; }
+#endif
+#if defined(__ARM_FEATURE_DOTPROD) && defined(__ARM_FEATURE_MATMUL_INT8)
+static int runs_neon_i8mm(void) { return 1; }
+#else
+static int runs_neon_i8mm(void) { return 0; }
 #endif
 
 #endif
@@ -54,11 +71,23 @@ static void fill_neon_dotprod(int type, pyllm_kernel_set *set) {
     take_vec_dot(set, type, vec_dot_table_neon_dotprod);
 }
 
+/* neon_dotprod's vec_dot (from the base set) and the panel kernels of the types that have them */
+static void fill_neon_i8mm(int type, pyllm_kernel_set *set) {
+    if (panel_prepare_neon_i8mm == NULL || panel_kernel_table_neon_i8mm[type] == NULL) return;
+    set->panel_prepare = panel_prepare_neon_i8mm;
+    set->panel_unpack = panel_unpack_table_neon_i8mm[type];
+    set->panel = panel_kernel_table_neon_i8mm[type];
+    set->panel_layout = PANEL_LAYOUT_PAIRS;
+}
+
 const pyllm_backend backend_neon = {
     .name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_neon, .fill = fill_neon, .ops = &op_kernels_neon,
 };
 const pyllm_backend backend_neon_dotprod = {
     .name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_neon_dotprod, .fill = fill_neon_dotprod,
+};
+const pyllm_backend backend_neon_i8mm = {
+    .name = "neon_i8mm", .base = PYLLM_TIER_NEON_DOTPROD, .cpu_runs = runs_neon_i8mm, .fill = fill_neon_i8mm,
 };
 
 #else /* not aarch64: the tiers exist by name, and no CPU runs them */
@@ -67,5 +96,6 @@ static int runs_none(void) { return 0; }
 
 const pyllm_backend backend_neon = {.name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_none};
 const pyllm_backend backend_neon_dotprod = {.name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_none};
+const pyllm_backend backend_neon_i8mm = {.name = "neon_i8mm", .base = PYLLM_TIER_NEON_DOTPROD, .cpu_runs = runs_none};
 
 #endif

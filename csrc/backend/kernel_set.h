@@ -64,8 +64,10 @@ typedef float (*vec_dot_prepared_fn)(int64_t n, const void *w, const act_rows *r
 typedef void (*vec_dot_cols_fn)(int64_t n, const void *w, int64_t stride, const void *act, float *out);
 
 /* _panel: out[i][r] = vec_dot(n, weight row i, activation row r) for two weight rows (unpacked by panel_unpack) and
- * a panel of activation rows (laid out by panel_prepare: act_panel_prepare's bytes), bit for bit (for scales that
- * are not NaN). */
+ * a panel of activation rows (laid out by panel_prepare), bit for bit (for scales that are not NaN). The set's
+ * panel_layout says which bytes panel_prepare writes: PANEL_LAYOUT_LANES, act_panel_prepare's (the x86 tiers), or
+ * PANEL_LAYOUT_PAIRS, the neon_i8mm tier's (formats/kernel_layouts.h); the unpacked weight rows are each tier's own. */
+enum { PANEL_LAYOUT_LANES = 0, PANEL_LAYOUT_PAIRS = 1 };
 typedef void (*panel_prepare_fn)(act_panel *panel, int weight_type, const void *first, int64_t row_bytes,
                                  int n_rows, int64_t n, void *scratch);
 typedef void (*panel_unpack_fn)(const void *w, int64_t n, void *scratch, unpacked_row *row);
@@ -98,6 +100,7 @@ struct pyllm_kernel_set {
     panel_prepare_fn panel_prepare; /* the panel kernels: all three, or none */
     panel_unpack_fn panel_unpack;
     panel_kernel_fn panel;
+    int panel_layout;               /* PANEL_LAYOUT_*: the bytes panel_prepare writes */
     tile_kernel_fn tile;            /* a tiled layout's only */
     int tile_max_rows;              /* the most activation rows one tile call takes */
     int tile_prefill;               /* 1: a prompt's rows go to the tile kernel too; 0: a prompt reads each tile

@@ -13,7 +13,7 @@
 #include "backend/kernel_set.h"
 
 extern const pyllm_backend backend_generic, backend_avx2, backend_avx512, backend_avx512_vnni, backend_neon,
-    backend_neon_dotprod;
+    backend_neon_dotprod, backend_neon_i8mm;
 
 /* Indexed by tier, in order of preference: the best tier is the last one the CPU runs. */
 static const pyllm_backend *const backends[PYLLM_TIER_COUNT] = {
@@ -23,6 +23,7 @@ static const pyllm_backend *const backends[PYLLM_TIER_COUNT] = {
     [PYLLM_TIER_AVX512_VNNI] = &backend_avx512_vnni,
     [PYLLM_TIER_NEON] = &backend_neon,
     [PYLLM_TIER_NEON_DOTPROD] = &backend_neon_dotprod,
+    [PYLLM_TIER_NEON_I8MM] = &backend_neon_i8mm,
 };
 
 static struct {
@@ -75,7 +76,7 @@ static void build_set(int tier, int type) {
         set->tile_max_rows = 0;
     }
     if (set->panel_prepare == NULL || set->panel_unpack == NULL || set->panel == NULL) {
-        set->panel_prepare = NULL, set->panel_unpack = NULL, set->panel = NULL;
+        set->panel_prepare = NULL, set->panel_unpack = NULL, set->panel = NULL, set->panel_layout = PANEL_LAYOUT_LANES;
     }
     set->tier = tier;
     set->type = type;

@@ -76,6 +76,10 @@ typedef struct {
     int n_rows;
 } act_panel;
 
+/* The neon_i8mm tier's panels (PANEL_LAYOUT_PAIRS, arm/panel_neon_i8mm.c) hold the same parts, the quants in
+ * another order and signed: (n / 32, 4, PANEL_ROWS, 8) int8, [b][h][r][j] = row r's element 32 b + 8 h + j (the
+ * operand of smmla: 16 bytes are 8 elements of two rows); scale, sum and group_sums as above. */
+
 /* Bytes of 64-byte-aligned scratch for one panel of n-element rows. */
 int64_t act_panel_scratch_bytes(int weight_type, int64_t n);
 

@@ -194,7 +194,7 @@ static void compare_panel_kernel(const pyllm_kernel_set *ks, int *checked, int *
             const int panel_rows[2] = {PANEL_ROWS, 1 + blocks % PANEL_ROWS};
             for (int pi = 0; pi < 2; ++pi) {
                 act_panel panel;
-                act_panel_prepare(&panel, type, act, act_bytes, panel_rows[pi], n, scratch);
+                ks->panel_prepare(&panel, type, act, act_bytes, panel_rows[pi], n, scratch);
                 for (int same = 0; same < 2; ++same) {
                     const unpacked_row two[2] = {rows[0], rows[same ? 0 : 1]};
                     float out[2][PANEL_ROWS];
@@ -214,31 +214,41 @@ static void compare_panel_kernel(const pyllm_kernel_set *ks, int *checked, int *
 }
 
 /* Panel kernels (a prompt's activation rows sixteen at a time: formats/kernel_layouts.h), in every tier the CPU runs
- * that has them: each output is the generic vec_dot's, bit for bit. */
+ * that has them, each on its own panel layout: each output is the generic vec_dot's, bit for bit; and a prompt's
+ * matmul plan gives them its rows (37 rows: two panels). Where the CPU runs neon_i8mm, its sets have panels for
+ * every 32-element format. */
 static void test_panel_kernels_agree(void) {
-    int checked = 0, bad = 0, sets = 0;
+    int checked = 0, bad = 0, sets = 0, i8mm_sets = 0, unplanned = 0;
     for (int tier = 0; tier <= pyllm_cpu_best_tier(); ++tier) {
         if (!tier_runs(tier)) continue;  /* an x86 tier on aarch64: generic's kernels */
         for (int ti = 0; ti < N_WEIGHT_TYPES; ++ti) {
             const pyllm_kernel_set *ks = kernel_set(tier, weight_types[ti]);
             if (ks->panel == NULL) continue;
             sets++;
+            i8mm_sets += tier == PYLLM_TIER_NEON_I8MM;
             compare_panel_kernel(ks, &checked, &bad);
+            const int64_t k = 8 * pyllm_type_block_size(ks->type);
+            const matmul_weight weight = {NULL, 16, NULL};  /* planned, not run */
+            matmul_plan plan;
+            unplanned += matmul_plan_make(&plan, ks, &weight, 1, k, NULL, 37, 1) != PYLLM_OK || plan.n_panels != 2;
         }
     }
     CHECK(sets == 0 || (checked > 0 && bad == 0), "panel kernels: %d of %d outputs differ from generic vec_dot", bad,
           checked);
+    CHECK(unplanned == 0, "panel kernels: %d sets' prompt plans have no panels", unplanned);
+    CHECK(!tier_runs(PYLLM_TIER_NEON_I8MM) || i8mm_sets >= 7, "neon_i8mm: panel kernels for only %d types", i8mm_sets);
 }
 
-/* The tier's panel layout (gathers) is act_panel_prepare's, byte for byte, for every activation format, 1..16
- * rows and 1..20 blocks (superblocks); the rows sit at the end of their buffer (ASan: nothing read past). */
+/* The tier's panel layout (gathers) is act_panel_prepare's, byte for byte, where its sets say PANEL_LAYOUT_LANES, for
+ * every activation format, 1..16 rows and 1..20 blocks (superblocks); the rows sit at the end of their buffer (ASan:
+ * nothing read past). A layout of its own is checked by its kernels' outputs (test_panel_kernels_agree). */
 static void test_panel_prepare_agrees(void) {
     const int types[] = {PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_1, PYLLM_TYPE_Q4_K};  /* q8_0, q8_1, q8_K rows */
     int checked = 0, bad = 0;
     for (int tt = 0; tt < 3 * (pyllm_cpu_best_tier() + 1); ++tt) {
         const int type = types[tt % 3];
         const panel_prepare_fn prepare = kernel_set(tt / 3, type)->panel_prepare;
-        if (prepare == NULL) continue;
+        if (prepare == NULL || kernel_set(tt / 3, type)->panel_layout != PANEL_LAYOUT_LANES) continue;
         for (int blocks = 1; blocks <= 20; ++blocks) {
             const int64_t n = pyllm_type_block_size(type) * blocks, act_bytes = activation_row_bytes(type, n);
             uint8_t *act = malloc((size_t)(PANEL_ROWS * act_bytes));
