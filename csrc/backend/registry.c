@@ -68,7 +68,7 @@ static void build_set(int tier, int type) {
         const pyllm_kernel_set *plain = &registry.sets[tier][t->plain_type];
         *set = (pyllm_kernel_set){.vec_dot = plain->vec_dot, .rows4 = plain->rows4, .rows8 = plain->rows8,
                                   .panel_prepare = plain->panel_prepare, .panel_unpack = plain->panel_unpack,
-                                  .panel = plain->panel, .tile = set->tile,
+                                  .panel = plain->panel, .panel_layout = plain->panel_layout, .tile = set->tile,
                                   .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0,
                                   .tile_prefill = set->tile != NULL && set->tile_prefill};
     } else {
