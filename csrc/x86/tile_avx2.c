@@ -113,22 +113,32 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, con
         for (int r = 0; r < n_rows; ++r) p_low[h][r] = p_high[h][r] = _mm256_setzero_si256();
     }
     /* 8 products of at most 15 * 127 a pair each: their int16 sum cannot overflow (8 * 2 * 1905 < 32768) */
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-        __m256i a_low[MAX_ROWS], a_high[MAX_ROWS];
-#pragma GCC unroll 4
-        for (int r = 0; r < n_rows; ++r) {
-            a_low[r] = broadcast4(a[r].q + 64 * c + 4 * k);
-            a_high[r] = broadcast4(a[r].q + 64 * c + 32 + 4 * k);
-        }
+    if (n_halves == 1) {  /* several rows: each row's broadcasts used at once, so only the sums stay live */
+        const __m256i *units = (const __m256i *)x->qs[c][first_half][0];
 #pragma GCC unroll 2
-        for (int h = 0; h < n_halves; ++h) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs[c][first_half + h][k]);
+        for (int k = 0; k < 8; ++k) {
+            const __m256i q = _mm256_loadu_si256(units + k);
             const __m256i low = _mm256_and_si256(q, nibble), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
 #pragma GCC unroll 4
             for (int r = 0; r < n_rows; ++r) {
-                p_low[h][r] = _mm256_add_epi16(p_low[h][r], _mm256_maddubs_epi16(low, a_low[r]));
-                p_high[h][r] = _mm256_add_epi16(p_high[h][r], _mm256_maddubs_epi16(high, a_high[r]));
+                const __m256i a_low = broadcast4(a[r].q + 64 * c + 4 * k);
+                const __m256i a_high = broadcast4(a[r].q + 64 * c + 32 + 4 * k);
+                p_low[0][r] = _mm256_add_epi16(p_low[0][r], _mm256_maddubs_epi16(low, a_low));
+                p_high[0][r] = _mm256_add_epi16(p_high[0][r], _mm256_maddubs_epi16(high, a_high));
+            }
+        }
+    } else {  /* one row, both halves: its broadcasts shared */
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+            const __m256i a_low = broadcast4(a[0].q + 64 * c + 4 * k);
+            const __m256i a_high = broadcast4(a[0].q + 64 * c + 32 + 4 * k);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs[c][h][k]);
+                const __m256i low = _mm256_and_si256(q, nibble);
+                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+                p_low[h][0] = _mm256_add_epi16(p_low[h][0], _mm256_maddubs_epi16(low, a_low));
+                p_high[h][0] = _mm256_add_epi16(p_high[h][0], _mm256_maddubs_epi16(high, a_high));
             }
         }
     }
