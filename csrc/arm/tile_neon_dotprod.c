@@ -39,32 +39,37 @@ typedef struct {
     int32x4_t s[4][4];  /* [c][0: scale 2c, 1: scale 2c + 1, 2: min 2c, 3: min 2c + 1] */
 } quarter_scales;
 
-/* Byte j (0..3) of every 32-bit lane as the lane's int32: one table lookup. */
-KERNEL_INLINE int32x4_t lane_byte(uint8x16_t v, uint8x16_t index) {
-    return vreinterpretq_s32_u8(vqtbl1q_u8(v, index));
+/* Byte j (0..3) of every 32-bit lane as the lane's int32 (shifts and a mask: GCC reloads a table's index vectors
+ * from memory at every use). */
+KERNEL_INLINE int32x4_t lane_byte(uint32x4_t v, const int j) {
+    const uint32x4_t byte = vdupq_n_u32(0xFF);
+    switch (j) {
+    case 0: return vreinterpretq_s32_u32(vandq_u32(v, byte));
+    case 1: return vreinterpretq_s32_u32(vandq_u32(vshrq_n_u32(v, 8), byte));
+    case 2: return vreinterpretq_s32_u32(vandq_u32(vshrq_n_u32(v, 16), byte));
+    default: return vreinterpretq_s32_u32(vshrq_n_u32(v, 24));
+    }
 }
 
 /* scale_min_k4 for four rows at once: the 12 scale bytes of row r are the 32-bit lanes r of w[0], w[1], w[2]. */
-KERNEL_INLINE void unpack_quarter_scales(const tile_q4_K *x, int q, const uint8x16_t index[4], quarter_scales *s) {
+KERNEL_INLINE void unpack_quarter_scales(const tile_q4_K *x, int q, quarter_scales *s) {
     const int h = q / 2, first = 4 * (q % 2);
     const uint32x4_t w0 = vld1q_u32(x->scales[h][0] + first), w1 = vld1q_u32(x->scales[h][1] + first);
     const uint32x4_t w2 = vld1q_u32(x->scales[h][2] + first);
     const uint32x4_t low6 = vdupq_n_u32(0x3F3F3F3Fu), low4 = vdupq_n_u32(0x0F0F0F0Fu), top2 = vdupq_n_u32(0x30303030u);
     /* groups 0..3: the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); groups 4..7: bytes 8..11's nibbles, their
      * high 2 bits the top bits of bytes 0..3 (scales) and 4..7 (mins) */
-    const uint8x16_t scales[2] = {
-        vreinterpretq_u8_u32(vandq_u32(w0, low6)),
-        vreinterpretq_u8_u32(vorrq_u32(vandq_u32(w2, low4), vandq_u32(vshrq_n_u32(w0, 2), top2)))};
-    const uint8x16_t mins[2] = {
-        vreinterpretq_u8_u32(vandq_u32(w1, low6)),
-        vreinterpretq_u8_u32(vorrq_u32(vandq_u32(vshrq_n_u32(w2, 4), low4), vandq_u32(vshrq_n_u32(w1, 2), top2)))};
+    const uint32x4_t scales[2] = {vandq_u32(w0, low6),
+                                  vorrq_u32(vandq_u32(w2, low4), vandq_u32(vshrq_n_u32(w0, 2), top2))};
+    const uint32x4_t mins[2] = {vandq_u32(w1, low6),
+                                vorrq_u32(vandq_u32(vshrq_n_u32(w2, 4), low4), vandq_u32(vshrq_n_u32(w1, 2), top2))};
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
         const int part = c / 2, j = 2 * (c % 2);
-        s->s[c][0] = lane_byte(scales[part], index[j]);
-        s->s[c][1] = lane_byte(scales[part], index[j + 1]);
-        s->s[c][2] = lane_byte(mins[part], index[j]);
-        s->s[c][3] = lane_byte(mins[part], index[j + 1]);
+        s->s[c][0] = lane_byte(scales[part], j);
+        s->s[c][1] = lane_byte(scales[part], j + 1);
+        s->s[c][2] = lane_byte(mins[part], j);
+        s->s[c][3] = lane_byte(mins[part], j + 1);
     }
 }
 
@@ -154,12 +159,6 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const quarter_scales *scales, 
  * would not fit the registers). */
 KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
                                   const uint8_t *prefetch, const int next_tile, const int n_rows) {
-    static const uint8_t byte_index[4][16] = {
-        {0, 255, 255, 255, 4, 255, 255, 255, 8, 255, 255, 255, 12, 255, 255, 255},
-        {1, 255, 255, 255, 5, 255, 255, 255, 9, 255, 255, 255, 13, 255, 255, 255},
-        {2, 255, 255, 255, 6, 255, 255, 255, 10, 255, 255, 255, 14, 255, 255, 255},
-        {3, 255, 255, 255, 7, 255, 255, 255, 11, 255, 255, 255, 15, 255, 255, 255},
-    };
     tile_sums sums;
 #pragma GCC unroll 4
     for (int q = 0; q < QUARTERS; ++q) {
@@ -183,13 +182,10 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
             vst1q_s32(a[r].group_sums, vmovl_s16(vget_low_s16(pairs)));
             vst1q_s32(a[r].group_sums + 4, vmovl_high_s16(pairs));
         }
-        uint8x16_t index[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) index[j] = vld1q_u8(byte_index[j]);
         quarter_scales scales[QUARTERS];
 #pragma GCC unroll 4
         for (int q = 0; q < QUARTERS; ++q) {
-            unpack_quarter_scales(x, q, index, &scales[q]);
+            unpack_quarter_scales(x, q, &scales[q]);
             const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(x->d[q / 2] + 4 * (q % 2))));
             const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(x->dmin[q / 2] + 4 * (q % 2))));
 #pragma GCC unroll 4
