@@ -321,7 +321,8 @@ def test_interleaved_is_plain(interleaved: GGMLType) -> None:
 
 def test_interleaved_type_follows_the_tier() -> None:
     """Matrices are interleaved only where the active tier has their tile kernels: Q4_1, Q8_0 and Q5_0 on avx512_vnni,
-    Q4_K from avx2 up (avx512_vnni's prompts rebuild its tiles into rows for the panels)."""
+    Q4_K from avx2 up and on neon_dotprod and neon_i8mm (their prompts rebuild the tiles into rows for the panels or
+    the row kernels)."""
     tier = kernels.active_tier()
     try:
         for use_tier in AVAILABLE_TIERS:
@@ -330,7 +331,7 @@ def test_interleaved_type_follows_the_tier() -> None:
             assert (kernels.interleaved_type(GGMLType.Q4_1) == GGMLType.Q4_1_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q8_0) == GGMLType.Q8_0_X16) == want
             assert (kernels.interleaved_type(GGMLType.Q5_0) == GGMLType.Q5_0_X16) == want
-            want_k_tiles = use_tier in ("avx2", "avx512", "avx512_vnni")
+            want_k_tiles = use_tier in ("avx2", "avx512", "avx512_vnni", "neon_dotprod", "neon_i8mm")
             assert (kernels.interleaved_type(GGMLType.Q4_K) == GGMLType.Q4_K_X16) == want_k_tiles
             assert kernels.interleaved_type(GGMLType.Q6_K) is None
     finally:

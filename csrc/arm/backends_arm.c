@@ -2,10 +2,12 @@
  * backends_arm.c - the aarch64 tiers as backends (backend/kernel_set.h), each building on the one below:
  *   neon          every weight type's vec_dot by 128-bit Advanced SIMD, int8 dots by smull + pairwise adds
  *                 (vec_dot_neon.c): every aarch64 CPU;
- *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), where the CPU has FEAT_DotProd;
+ *   neon_dotprod  the same kernels with int8 dots by sdot (vec_dot_neon_dotprod.c), and Q4_K_X16's tile kernel by
+ *                 sdot by lane (tile_neon_dotprod.c), where the CPU has FEAT_DotProd;
  *   neon_i8mm     neon_dotprod's, and a prompt's rows in panels of 16 by smmla (panel_neon_i8mm.c), where the CPU has
  *                 FEAT_I8MM as well.
- * Their vec_dot kernels alone serve a decode step (matmul goes row by row); the ops are ops_neon.c's. The dotprod and
+ * A decode step goes through their vec_dot kernels row by row, or through the tile kernel where the matrix is tiled
+ * (pyllm_choose_layout tiles Q4_K matrices once the active tier has the kernel); the ops are ops_neon.c's. The dotprod and
  * i8mm kernels take their target by pragma, so one build runs on any aarch64: a tier is used only where the OS says
  * the CPU runs it (Linux: getauxval(AT_HWCAP) and AT_HWCAP2; macOS: sysctl hw.optional.arm.FEAT_DotProd, FEAT_I8MM).
  */
@@ -67,8 +69,14 @@ static void take_vec_dot(pyllm_kernel_set *set, int type, const vec_dot_fn *tabl
 }
 
 static void fill_neon(int type, pyllm_kernel_set *set) { take_vec_dot(set, type, vec_dot_table_neon); }
+/* sdot's vec_dot, and the tile kernels (a decode step's; a prompt's rows read the tiles gathered back into rows) */
 static void fill_neon_dotprod(int type, pyllm_kernel_set *set) {
     take_vec_dot(set, type, vec_dot_table_neon_dotprod);
+    if (tile_kernel_table_neon_dotprod[type] != NULL) {
+        set->tile = tile_kernel_table_neon_dotprod[type];
+        set->tile_max_rows = 4;
+        set->tile_prefill = 0;  /* neon_i8mm's panels take a prompt's rows, from the tiles gathered back */
+    }
 }
 
 /* neon_dotprod's vec_dot (from the base set) and the panel kernels of the types that have them */

@@ -39,7 +39,7 @@ static double min_term_rounding(int type, const uint8_t *w, const uint8_t *act, 
 }
 
 /* Whether the best tier is an x86 SIMD one: those have row, cols and tile kernels, so a check of them that found
- * none is a failure there (the neon tiers have vec_dot alone so far). */
+ * none is a failure there (the neon tiers have vec_dot, panels from neon_i8mm and tiles from neon_dotprod). */
 static int best_is_x86_simd(void) {
     return pyllm_cpu_best_tier() >= PYLLM_TIER_AVX2 && pyllm_cpu_best_tier() <= PYLLM_TIER_AVX512_VNNI;
 }
@@ -615,9 +615,28 @@ static void test_interleaved_is_plain(void) {
             free(f_plain); free(f_rows);
         }
     }
+    /* every tier's plans for a tiled matrix: a decode step's row goes to the tile kernel where the set has one, a
+     * prompt's rows (37: two panels) to the plain type's panels where it has them (tiles gathered back into rows) */
+    int bad_plans = 0;
+    for (int t = 0; t <= pyllm_cpu_best_tier(); ++t) {
+        for (int ti = 0; ti < (int)(sizeof(interleaved) / sizeof(interleaved[0])); ++ti) {
+            const pyllm_kernel_set *ks = kernel_set(t, interleaved[ti]);
+            const int64_t k = 2 * QK_K;
+            const matmul_weight weight = {NULL, 2 * X16_ROWS, NULL};  /* planned, not run */
+            matmul_plan decode, prompt;
+            bad_plans += matmul_plan_make(&decode, ks, &weight, 1, k, NULL, 1, 1) != PYLLM_OK ||
+                         decode.use_tiles != (ks->tile != NULL);
+            bad_plans += matmul_plan_make(&prompt, ks, &weight, 1, k, NULL, 37, 1) != PYLLM_OK ||
+                         (ks->panel != NULL && !ks->tile_prefill && (prompt.use_tiles || prompt.n_panels != 2));
+        }
+    }
+    CHECK(bad_plans == 0, "tiled layouts: %d plans without their tiles or panels", bad_plans);
+    CHECK(!tier_runs(PYLLM_TIER_NEON_I8MM) || (kernel_set(PYLLM_TIER_NEON_I8MM, PYLLM_TYPE_Q4_K_X16)->tile != NULL &&
+                                               kernel_set(PYLLM_TIER_NEON_I8MM, PYLLM_TYPE_Q4_K_X16)->panel != NULL),
+          "neon_i8mm: Q4_K_X16 without its tile kernel or the panels of Q4_K");
     CHECK(kernel_bad == 0, "tile kernels: %d of %d outputs differ from generic vec_dot", kernel_bad, kernel_checked);
-    CHECK(!best_is_x86_simd() || kernel_checked > 0, "tile kernels: none checked on %s",
-          pyllm_tier_name(pyllm_cpu_best_tier()));
+    CHECK((!best_is_x86_simd() && !tier_runs(PYLLM_TIER_NEON_DOTPROD)) || kernel_checked > 0,
+          "tile kernels: none checked on %s", pyllm_tier_name(pyllm_cpu_best_tier()));
     uint8_t blocks[X16_ROWS * sizeof(block_q8_0)] = {0}, out[sizeof blocks];
     float y[X16_ROWS], x1[QK32] = {0};
     const int64_t outside[1] = {X16_ROWS};
