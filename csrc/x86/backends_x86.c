@@ -75,7 +75,9 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
         set->tile = tile_kernel_table_avx512_vnni[type];
         set->tile_max_rows = 2;
         set->tile_prefill = 1;  /* the weights already in lanes beat unpacking them for panels (bench/README.md) */
-    }  /* else avx2's (Q4_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
+    } else {  /* avx2's (Q4_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
+        set->tile_prefill = 0;
+    }
 }
 
 const pyllm_backend backend_avx2 = {
