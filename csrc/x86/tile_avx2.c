@@ -115,7 +115,7 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, con
     /* 8 products of at most 15 * 127 a pair each: their int16 sum cannot overflow (8 * 2 * 1905 < 32768) */
     if (n_halves == 1) {  /* several rows: each row's broadcasts used at once, so only the sums stay live */
         const __m256i *units = (const __m256i *)x->qs[c][first_half][0];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int k = 0; k < 8; ++k) {
             const __m256i q = _mm256_loadu_si256(units + k);
             const __m256i low = _mm256_and_si256(q, nibble), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
