@@ -91,11 +91,19 @@ static void fill_neon_i8mm(int type, pyllm_kernel_set *set) {
 const pyllm_backend backend_neon = {
     .name = "neon", .base = PYLLM_TIER_GENERIC, .cpu_runs = runs_neon, .fill = fill_neon, .ops = &op_kernels_neon,
 };
+/* A tier runs where the CPU has its feature and the compiler built its kernels (a clang older than 16 builds them only
+ * under -march=...+dotprod / +i8mm: without, the tier would be its base's kernels under its name). */
+static int runs_dotprod_kernels(void) {
+    return runs_neon_dotprod() && vec_dot_table_neon_dotprod[PYLLM_TYPE_Q8_0] != NULL &&
+           tile_kernel_table_neon_dotprod[PYLLM_TYPE_Q4_K_X16] != NULL;
+}
+static int runs_i8mm_kernels(void) { return runs_neon_i8mm() && panel_prepare_neon_i8mm != NULL; }
+
 const pyllm_backend backend_neon_dotprod = {
-    .name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_neon_dotprod, .fill = fill_neon_dotprod,
+    .name = "neon_dotprod", .base = PYLLM_TIER_NEON, .cpu_runs = runs_dotprod_kernels, .fill = fill_neon_dotprod,
 };
 const pyllm_backend backend_neon_i8mm = {
-    .name = "neon_i8mm", .base = PYLLM_TIER_NEON_DOTPROD, .cpu_runs = runs_neon_i8mm, .fill = fill_neon_i8mm,
+    .name = "neon_i8mm", .base = PYLLM_TIER_NEON_DOTPROD, .cpu_runs = runs_i8mm_kernels, .fill = fill_neon_i8mm,
 };
 
 #else /* not aarch64: the tiers exist by name, and no CPU runs them */

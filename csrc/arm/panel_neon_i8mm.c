@@ -27,7 +27,8 @@
 
 #include "arm/arm.h"
 
-#if defined(__aarch64__) && (!defined(__clang__) || __clang_major__ >= 16 || defined(__ARM_FEATURE_MATMUL_INT8))
+#if defined(__aarch64__) && ((!defined(__clang__) && __GNUC__ >= 10) || (defined(__clang__) && __clang_major__ >= 16) || \
+                              defined(__ARM_FEATURE_MATMUL_INT8))
 
 #include <arm_neon.h>
 
@@ -51,8 +52,8 @@ static void panel_prepare_pairs(act_panel *panel, int weight_type, const void *f
         memcpy(lanes, block, sizeof lanes);
         for (int h = 0; h < 4; ++h) {
             for (int quad = 0; quad < PANEL_ROWS / 4; ++quad) {
-                const uint32x4_t lo = vld1q_u32((const uint32_t *)(lanes + (2 * h * PANEL_ROWS + 4 * quad) * 4));
-                const uint32x4_t hi = vld1q_u32((const uint32_t *)(lanes + ((2 * h + 1) * PANEL_ROWS + 4 * quad) * 4));
+                const uint32x4_t lo = vreinterpretq_u32_u8(vld1q_u8(lanes + (2 * h * PANEL_ROWS + 4 * quad) * 4));
+                const uint32x4_t hi = vreinterpretq_u32_u8(vld1q_u8(lanes + ((2 * h + 1) * PANEL_ROWS + 4 * quad) * 4));
                 uint8_t *out = block + (h * PANEL_ROWS + 4 * quad) * 8;
                 vst1q_u8(out, veorq_u8(vreinterpretq_u8_u32(vzip1q_u32(lo, hi)), bias));
                 vst1q_u8(out + 16, veorq_u8(vreinterpretq_u8_u32(vzip2q_u32(lo, hi)), bias));

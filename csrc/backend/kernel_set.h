@@ -79,7 +79,7 @@ typedef void (*panel_kernel_fn)(int64_t n, const unpacked_row rows[2], const act
  * rows[r]) for i < 16 and r < n_rows, bit for bit (for scales that are not NaN). Unless prefetch is NULL, block step b also asks for a
  * block's bytes at prefetch + b * (the tile block's bytes): with `next_tile` into L2 (a later pass over a tile in
  * cache, pointed at the next tile), otherwise into L1 (a pass reading the tile from memory, pointed a few blocks
- * ahead of it; the Q8_0, Q4_K and Q6_K kernels leave that stream to the hardware). */
+ * ahead of it; the Q8_0 and Q4_K kernels leave that stream to the hardware). */
 typedef void (*tile_kernel_fn)(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
                                int64_t stride, const uint8_t *prefetch, int next_tile);
 #define TILE_MAX_ROWS 4

@@ -119,7 +119,7 @@ static void dot_panels(const matmul_run_state *run, const matmul_weight *w, cons
 }
 
 /* The X rows from first_single on against a tile (weight rows tile..tile + 15), tile_max_rows at a time. The first pass reads
- * the tile from memory: alone, it asks for it a few blocks ahead (the Q4_1 kernel does; Q8_0, Q4_K and Q6_K stream better
+ * the tile from memory: alone, it asks for it a few blocks ahead (the Q4_1 kernel does; Q8_0 and Q4_K stream better
  * without); followed by others, it asks for nothing, and the second pass, which finds the tile in cache, asks for
  * the next one into L2 (the matrix's last tile: itself), so fetching overlaps the arithmetic. */
 static void dot_tile(const matmul_plan *plan, const x_rows *x, const matmul_weight *w, int64_t tile) {
@@ -131,7 +131,8 @@ static void dot_tile(const matmul_plan *plan, const x_rows *x, const matmul_weig
     for (int64_t pass = 0; pass < passes; ++pass) {
         const int64_t r = plan->first_single + per_pass * pass;
         const int n_rows = plan->m - r >= per_pass ? per_pass : (int)(plan->m - r);
-        const uint8_t *prefetch = pass == 1 ? next : pass == 0 && passes == 1 ? rows + TILE_PREFETCH_BLOCKS * block_bytes : NULL;
+        const int ahead = pass == 0 && passes == 1 && TILE_PREFETCH_BLOCKS * block_bytes <= tile_bytes;  /* in the tile */
+        const uint8_t *prefetch = pass == 1 ? next : ahead ? rows + TILE_PREFETCH_BLOCKS * block_bytes : NULL;
         plan->ks->tile(plan->k, rows, &x->prepared[r - plan->first_single], n_rows, w->y + r * w->n + tile, w->n,
                        prefetch, pass == 1);
     }
