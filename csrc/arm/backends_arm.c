@@ -69,18 +69,20 @@ static void take_vec_dot(pyllm_kernel_set *set, int type, const vec_dot_fn *tabl
 }
 
 static void fill_neon(int type, pyllm_kernel_set *set) { take_vec_dot(set, type, vec_dot_table_neon); }
-/* sdot's vec_dot, and the tile kernels (a decode step's; a prompt's rows read the tiles gathered back into rows) */
+/* sdot's vec_dot, and the tile kernels: a decode step's rows and a prompt's, four at a time (the tier has no
+ * multi-row kernels: a prompt's rows gathered back would go one by one through vec_dot) */
 static void fill_neon_dotprod(int type, pyllm_kernel_set *set) {
     take_vec_dot(set, type, vec_dot_table_neon_dotprod);
     if (tile_kernel_table_neon_dotprod[type] != NULL) {
         set->tile = tile_kernel_table_neon_dotprod[type];
         set->tile_max_rows = 4;
-        set->tile_prefill = 0;  /* neon_i8mm's panels take a prompt's rows, from the tiles gathered back */
+        set->tile_prefill = 1;
     }
 }
 
 /* neon_dotprod's vec_dot (from the base set) and the panel kernels of the types that have them */
 static void fill_neon_i8mm(int type, pyllm_kernel_set *set) {
+    set->tile_prefill = 0;  /* a prompt's rows go to the panels, from the tiles gathered back */
     if (panel_prepare_neon_i8mm == NULL || panel_kernel_table_neon_i8mm[type] == NULL) return;
     set->panel_prepare = panel_prepare_neon_i8mm;
     set->panel_unpack = panel_unpack_table_neon_i8mm[type];
