@@ -7,7 +7,7 @@ SANITIZE = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-om
 C_SOURCES = $(filter-out csrc/tests/%,$(wildcard csrc/*/*.c))
 
 .PHONY: help install build models chat test test-py test-c test-asan test-asan-py test-arm arm-toolchain bench-kernels lint \
-	clean
+	clean check-arm64-install
 
 help:
 	@echo "make chat       install pyllm, fetch the default model (Qwen2.5-Coder-1.5B, 1.1 GB) and chat with it"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-arm   the C tests cross-compiled for aarch64, run under qemu (NEON, dotprod; installs the tools)"
 	@echo "make test-asan-py  forward passes of every architecture through the C core under ASan + UBSan"
 	@echo "make models     fetch the catalogue models the tests use into models/"
+	@echo "make check-arm64-install  pip install in an emulated arm64 Debian, logits against this machine's (root; 10-15 min)"
 	@echo "make build      rebuild the C core after editing csrc/"
 
 install:
@@ -92,6 +93,11 @@ $(ARM_DIR)/%.o: csrc/%.c $(filter-out %.c,$(C_DEPS)) | arm-toolchain
 $(ARM_DIR)/tests/%: $(ARM_DIR)/tests/%.o $(ARM_OBJS)
 	$(ARM_CC) -static -pthread $^ -o $@ -lm
 .PRECIOUS: $(ARM_DIR)/%.o
+
+# The package itself on aarch64: `pip install` in an arm64 Debian root under qemu-user, a real model's logits on each
+# ARM tier against this machine's (not in `make test`: it needs root and 10-15 minutes).
+check-arm64-install: models
+	tests/arm64_install.sh
 
 # Then test_forward's digest of a forward pass, under emulation, against the native build's: the same bits.
 test-arm: $(addprefix $(ARM_DIR)/tests/,$(C_TESTS)) csrc/tests/test_forward
