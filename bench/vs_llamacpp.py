@@ -33,7 +33,7 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-from matmul_bandwidth import decode_bytes, read_bandwidth
+from matmul_bandwidth import decode_bytes
 
 from pyllm import catalogue
 
@@ -51,6 +51,15 @@ def run_measured(cmd: list[str]) -> tuple[str, float]:
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err.read().strip()[-300:]}")
         return out.read(), usage.ru_maxrss / 1024  # Linux reports KiB
+
+
+def read_bandwidth_apart(n_threads: int) -> float:
+    """matmul_bandwidth.read_bandwidth in a process of its own: its 1 GiB buffer would raise this one's peak RSS, and
+    Linux hands a parent's peak to every child it starts (across fork and exec, into the child's ru_maxrss)."""
+    code = f"from matmul_bandwidth import read_bandwidth; print(read_bandwidth({n_threads}))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent, check=True,
+                          capture_output=True, text=True)
+    return float(done.stdout)
 
 
 def llama_bench(binary: str, model: Path, p: str, n: str, d: str, threads: int, reps: int,
@@ -148,7 +157,7 @@ def main() -> None:
     tests = [((p, 0, d), f"pp{p}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for p in sizes["p"] if p > 0]
     tests += [((0, n, d), f"tg{n}" + (f" @ d{d}" if d else "")) for d in sizes["d"] for n in sizes["n"] if n > 0]
     models = [catalogue.resolve(name) for name in args.models]
-    bandwidth = {t: read_bandwidth(t) for t in (int(t) for t in args.threads.split(","))}
+    bandwidth = {t: read_bandwidth_apart(t) for t in (int(t) for t in args.threads.split(","))}
     print("read bandwidth: " + ", ".join(f"{t} thread(s) {gb:.1f} GB/s" for t, gb in bandwidth.items()), flush=True)
     every_record: dict[str, list] = {"pyllm": [], "llama.cpp": []}
 
