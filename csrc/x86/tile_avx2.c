@@ -131,7 +131,7 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, con
                 const __m256i a_high = broadcast4(a[r].q + 64 * c + 32 + 4 * k);
                 p_low[0][r] = _mm256_add_epi16(p_low[0][r], _mm256_maddubs_epi16(low, a_low));
                 p_high[0][r] = _mm256_add_epi16(p_high[0][r], _mm256_maddubs_epi16(high, a_high));
-                /* pins the sums to registers: without it GCC 12 spilled two and copied the rest every step (-20%) */
+                /* pins the sums to registers: GCC 12 spilled two and copied the rest each step (bench/README.md) */
                 __asm__("" : "+x"(p_low[0][r]), "+x"(p_high[0][r]));
             }
         }
@@ -147,7 +147,7 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, con
                 const __m256i high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
                 p_low[h][0] = _mm256_add_epi16(p_low[h][0], _mm256_maddubs_epi16(low, a_low));
                 p_high[h][0] = _mm256_add_epi16(p_high[h][0], _mm256_maddubs_epi16(high, a_high));
-                __asm__("" : "+x"(p_low[h][0]), "+x"(p_high[h][0]));  /* the same pin: decode in cache -17% time */
+                __asm__("" : "+x"(p_low[h][0]), "+x"(p_high[h][0]));  /* the same pin */
             }
         }
     }
