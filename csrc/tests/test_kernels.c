@@ -632,8 +632,8 @@ static void test_interleaved_is_plain(void) {
         }
     }
     CHECK(bad_plans == 0, "tiled layouts: %d plans without their tiles or panels", bad_plans);
-    /* avx512_vnni borrows avx2's Q4_K tile kernel for decode steps only: a prompt there belongs to its panels (the
-     * borrowed 4-row kernel took the 1.5B's pp256 from 83-88 to 55-57 tok/s on a Zen 4) */
+    /* avx512_vnni borrows avx2's Q4_K tile kernel for decode steps only: a prompt there belongs to its panels, which
+     * are faster (bench/README.md) and give the same bits, so only the plan shows a prompt sent the wrong way */
     const pyllm_kernel_set *vnni_q4_K = kernel_set(PYLLM_TIER_AVX512_VNNI, PYLLM_TYPE_Q4_K_X16);
     CHECK(!tier_runs(PYLLM_TIER_AVX512_VNNI) || (vnni_q4_K->tile != NULL && vnni_q4_K->panel != NULL &&
                                                  !vnni_q4_K->tile_prefill),

@@ -118,7 +118,7 @@ KERNEL_INLINE void chunk_rows(const tile_q4_K *x, const half_scales *scales, con
 #pragma GCC unroll 4
         for (int r = 0; r < n_rows; ++r) p_low[h][r] = p_high[h][r] = _mm256_setzero_si256();
     }
-    /* 8 products of at most 15 * 127 a pair each: their int16 sum cannot overflow (8 * 2 * 1905 < 32768) */
+    /* 8 products of at most 15 * 128 a pair each: their int16 sum cannot overflow (8 * 2 * 1920 < 32768) */
     if (n_halves == 1) {  /* several rows: each row's broadcasts used at once, so only the sums stay live */
         const __m256i *units = (const __m256i *)x->qs[c][first_half][0];
 #pragma GCC unroll 4
