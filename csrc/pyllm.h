@@ -44,7 +44,10 @@ enum pyllm_type {
     /* Not a GGUF type: a Q4_K matrix interleaved 16 rows at a time, 8 rows a vector (formats/blocks.h: tile_q4_K),
      * for the AVX2 decode kernels. */
     PYLLM_TYPE_Q4_K_X16 = 36,
-    PYLLM_TYPE_COUNT = 37
+    /* Not a GGUF type: a Q6_K matrix interleaved 16 rows at a time, 8 rows a vector, its quants regrouped to unpack in
+     * fewer instructions (formats/blocks.h: tile_q6_K), for the AVX2 decode kernels. */
+    PYLLM_TYPE_Q6_K_X16 = 37,
+    PYLLM_TYPE_COUNT = 38
 };
 
 /* Kernel tiers, one backend each (backend/registry.c), in order of preference: the best is the last the CPU runs.

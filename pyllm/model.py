@@ -105,11 +105,11 @@ class Weights:
 
     def tensor(self, name: str, matmul: bool = True) -> Tensor:
         """A matrix, in the layout the C core chooses for it (kernels.matrix_layout): where one gains, the matmuls
-        (`matmul`) read a copy rebuilt in a faster layout with the same bits (Q4_1, Q8_0, Q5_0, Q4_K in 16-row tiles
-        where the CPU has those kernels, Q5_0 otherwise regrouped), its pages in the mapping released; a Q4_0 matrix
-        whose row count is not a multiple of 8 is reduced as llama.cpp reduces it. The kernels for that layout are
-        chosen here, once (Tensor.matrix). The embedding reads its rows from the matrix (Tensor.matrix.rows), whichever
-        layout it has."""
+        (`matmul`) read a copy rebuilt in a faster layout with the same bits (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K in 16-row
+        tiles where the CPU has those kernels, Q5_0 otherwise regrouped), its pages in the mapping released; a Q4_0
+        matrix whose row count is not a multiple of 8 is reduced as llama.cpp reduces it. The kernels for that layout
+        are chosen here, once (Tensor.matrix). The embedding reads its rows from the matrix (Tensor.matrix.rows),
+        whichever layout it has."""
         info = self._info(name)
         raw = self._f.raw(name)
         layout = kernels.matrix_layout(info.type, raw.shape[0], matmul)

@@ -25,7 +25,8 @@ from pyllm.kernels import GGMLType, KernelError
 KERNEL_ONLY_TYPES = (GGMLType.Q4_0_LANES, GGMLType.Q5_0_G8)
 # matrices interleaved 16 rows at a time: matmul only (no row of their own)
 INTERLEAVED_TYPES = {GGMLType.Q4_1_X16: GGMLType.Q4_1, GGMLType.Q8_0_X16: GGMLType.Q8_0,
-                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K}
+                     GGMLType.Q5_0_X16: GGMLType.Q5_0, GGMLType.Q4_K_X16: GGMLType.Q4_K,
+                     GGMLType.Q6_K_X16: GGMLType.Q6_K}
 WEIGHT_TYPES = [t for t in GGMLType if t not in (GGMLType.Q8_K, GGMLType.Q8_1, *KERNEL_ONLY_TYPES, *INTERLEAVED_TYPES)]
 BLOCK_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)]
 MATMUL_TYPES = WEIGHT_TYPES + list(KERNEL_ONLY_TYPES)
@@ -321,8 +322,8 @@ def test_interleaved_is_plain(interleaved: GGMLType) -> None:
 
 def test_interleaved_type_follows_the_tier() -> None:
     """Matrices are interleaved only where the active tier has their tile kernels: Q4_1, Q8_0 and Q5_0 on avx512_vnni,
-    Q4_K from avx2 up and on neon_dotprod and neon_i8mm (where a tier has panels, avx512_vnni and neon_i8mm, its
-    prompts rebuild the tiles into rows for them); Q6_K nowhere."""
+    Q4_K from avx2 up and on neon_dotprod and neon_i8mm, Q6_K from avx2 up (where a tier has panels, avx512_vnni and
+    neon_i8mm, its prompts rebuild the tiles into rows for them)."""
     tier = kernels.active_tier()
     try:
         for use_tier in AVAILABLE_TIERS:
@@ -333,7 +334,8 @@ def test_interleaved_type_follows_the_tier() -> None:
             assert (kernels.interleaved_type(GGMLType.Q5_0) == GGMLType.Q5_0_X16) == want
             want_k_tiles = use_tier in ("avx2", "avx512", "avx512_vnni", "neon_dotprod", "neon_i8mm")
             assert (kernels.interleaved_type(GGMLType.Q4_K) == GGMLType.Q4_K_X16) == want_k_tiles
-            assert kernels.interleaved_type(GGMLType.Q6_K) is None
+            want_q6_K_tiles = use_tier in ("avx2", "avx512", "avx512_vnni")
+            assert (kernels.interleaved_type(GGMLType.Q6_K) == GGMLType.Q6_K_X16) == want_q6_K_tiles
     finally:
         kernels.set_tier(tier)
 

@@ -188,6 +188,19 @@ typedef struct {
 } block_q6_K;
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 
+/* PYLLM_TYPE_Q6_K_X16: a Q6_K matrix in 16-row tiles (tile t's superblock b at index t * n_blocks + b), two halves of
+ * 8 rows, row r in 32-bit lane r as in tile_q4_K. The quants are unsigned (0..63); each 16-element group's four
+ * 4-element units take three bytes an element: units 0, 1, 2 keep their 6 bits in bits 0..5 of theirs and carry
+ * unit 3's bits 4-5, 2-3, 0-1 in bits 6-7. Unpacking a group then takes 11 operations for its 4 vectors (3 ANDs free
+ * units 0..2; 3 ANDs, 3 shifts and 2 ORs rebuild unit 3), where Q6_K's nibbles and bit pairs take 17. The
+ * superblock goes in the order its decode kernel reads it: scales, then each pair of groups, both halves. */
+typedef struct {
+    fp16_t d[2][8];                /* [half][r] */
+    int8_t scales[8][2][8][2];     /* [p][half][r][j]: row r's scales[2 p + j] */
+    uint8_t qs[8][2][2][3][8][4];  /* [p][half][j][x][r][i]: group 2 p + j, unit x's element i, unit 3's bits added */
+} tile_q6_K;
+static_assert(sizeof(tile_q6_K) == X16_ROWS * sizeof(block_q6_K), "tile_q6_K size");
+
 /* Activation format of the K-quants: x = d * q, with sums of each group of 16 */
 typedef struct {
     float d;

@@ -6,7 +6,8 @@
  *   - PYLLM_TYPE_*_X16: Q4_1, Q8_0 or Q5_0 rows interleaved 16 at a time (blocks.h: tile_q4_1, ...), for the decode
  *     kernels where lane r of a vector is weight row r: a 64-byte load brings the same 4 elements of 16 rows, and one
  *     dot, one conversion and one FMA then advance 16 outputs by one lane of their reduction order, against an
- *     activation's 4 bytes broadcast; Q4_K the same in two halves of 8 rows (tile_q4_K), for 256-bit vectors.
+ *     activation's 4 bytes broadcast; Q4_K and Q6_K the same in two halves of 8 rows (tile_q4_K, tile_q6_K), for
+ *     256-bit vectors.
  * And reading a tiled matrix's row back as the plain blocks it was (the embedding's lookups, a tier without the tile
  * kernels).
  */
@@ -103,6 +104,91 @@ static void q4_K_from_tile(const tile_q4_K *t, int row, block_q4_K *x) {
     for (int u = 0; u < 32; ++u) memcpy(x->qs + 4 * u, t->qs[u / 8][h][u % 8][r], 4);
 }
 
+/* A Q6_K superblock's quants (0..63) in element order, as vec_dot_generic.c unpacks them: each 128-element half's
+ * four runs of 32 take the low nibbles of ql[0..31], of ql[32..63], then their high nibbles, and bits 0-1, 2-3, 4-5,
+ * 6-7 of qh[0..31]. Eight bytes a step, each shift's stray bits masked off (so in either byte order). */
+static uint64_t word8(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+#define BYTES(b) (0x0101010101010101ull * (b))
+
+static void q6_K_quants(const block_q6_K *x, uint8_t q[QK_K]) {
+    for (int half = 0; half < 2; ++half) {
+        for (int l = 0; l < 32; l += 8) {
+            const uint64_t low = word8(x->ql + 64 * half + l), high = word8(x->ql + 64 * half + 32 + l);
+            const uint64_t bits = word8(x->qh + 32 * half + l);
+            const uint64_t runs[4] = {(low & BYTES(0x0F)) | (bits << 4 & BYTES(0x30)),
+                                      (high & BYTES(0x0F)) | (bits << 2 & BYTES(0x30)),
+                                      (low >> 4 & BYTES(0x0F)) | (bits & BYTES(0x30)),
+                                      (high >> 4 & BYTES(0x0F)) | (bits >> 2 & BYTES(0x30))};
+            for (int run = 0; run < 4; ++run) memcpy(q + 128 * half + 32 * run + l, &runs[run], 8);
+        }
+    }
+}
+
+/* The inverse: quants in element order into ql and qh, four bytes a step (the quants were just stored four at a
+ * time: wider loads would wait for those stores to retire). */
+static void q6_K_pack(const uint8_t q[QK_K], block_q6_K *x) {
+    const uint32_t low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+    for (int half = 0; half < 2; ++half) {
+        for (int l = 0; l < 32; l += 4) {
+            uint32_t runs[4];
+            for (int run = 0; run < 4; ++run) memcpy(&runs[run], q + 128 * half + 32 * run + l, 4);
+            const uint32_t low = (runs[0] & low4) | (runs[2] & low4) << 4, high = (runs[1] & low4) | (runs[3] & low4) << 4;
+            const uint32_t bits = (runs[0] >> 4 & low2) | (runs[1] >> 4 & low2) << 2 | (runs[2] >> 4 & low2) << 4 |
+                                  (runs[3] >> 4 & low2) << 6;
+            memcpy(x->ql + 64 * half + l, &low, 4);
+            memcpy(x->ql + 64 * half + 32 + l, &high, 4);
+            memcpy(x->qh + 32 * half + l, &bits, 4);
+        }
+    }
+}
+
+/* Row `row` of a tile superblock <-> the plain superblock. A group's units 0, 1, 2 (4 elements, a 32-bit word each)
+ * carry unit 3's bits 4-5, 2-3, 0-1 in bits 6-7 of their bytes (blocks.h: tile_q6_K). */
+static void q6_K_to_tile(const block_q6_K *x, tile_q6_K *t, int row) {
+    const int h = row / 8, r = row % 8;
+    uint8_t q[QK_K];
+    q6_K_quants(x, q);
+    t->d[h][r] = x->d;
+    for (int g = 0; g < 16; ++g) {
+        t->scales[g / 2][h][r][g % 2] = x->scales[g];
+        uint32_t unit3;
+        memcpy(&unit3, q + 16 * g + 12, 4);
+        for (int u = 0; u < 3; ++u) {
+            uint32_t unit;
+            memcpy(&unit, q + 16 * g + 4 * u, 4);
+            unit |= (unit3 >> (4 - 2 * u) & 0x03030303u) << 6;
+            memcpy(t->qs[g / 2][h][g % 2][u][r], &unit, 4);
+        }
+    }
+}
+
+static void q6_K_from_tile(const tile_q6_K *t, int row, block_q6_K *x) {
+    const int h = row / 8, r = row % 8;
+    const uint32_t low6 = 0x3F3F3F3Fu, low2 = 0x03030303u;
+    uint8_t q[QK_K];
+    x->d = t->d[h][r];
+    for (int g = 0; g < 16; ++g) {
+        const uint8_t(*units)[8][4] = t->qs[g / 2][h][g % 2];
+        x->scales[g] = t->scales[g / 2][h][r][g % 2];
+        uint32_t u0, u1, u2;
+        memcpy(&u0, units[0][r], 4);
+        memcpy(&u1, units[1][r], 4);
+        memcpy(&u2, units[2][r], 4);
+        const uint32_t u3 = (u0 >> 6 & low2) << 4 | (u1 >> 6 & low2) << 2 | (u2 >> 6 & low2);
+        u0 &= low6, u1 &= low6, u2 &= low6;
+        memcpy(q + 16 * g, &u0, 4);
+        memcpy(q + 16 * g + 4, &u1, 4);
+        memcpy(q + 16 * g + 8, &u2, 4);
+        memcpy(q + 16 * g + 12, &u3, 4);
+    }
+    q6_K_pack(q, x);
+}
+
 /* A whole Q4_K tile block back into its 16 rows' blocks (row i's at out[i]), reading the tile in memory order: a
  * prompt gathers every tile of a matrix it has not yet read, and this keeps that stream sequential. */
 static void q4_K_tile_to_rows(const tile_q4_K *t, block_q4_K *const out[X16_ROWS]) {
@@ -123,7 +209,7 @@ static void q4_K_tile_to_rows(const tile_q4_K *t, block_q4_K *const out[X16_ROWS
     }
 }
 
-/* A matrix of Q4_1, Q8_0, Q5_0 or Q4_K rows (type) in 16-row tiles. */
+/* A matrix of Q4_1, Q8_0, Q5_0, Q4_K or Q6_K rows (type) in 16-row tiles. */
 static void interleave(int type, const void *src, void *dst, int64_t n_rows, int64_t n) {
     const pyllm_type_traits *t = type_traits(type);
     const int64_t nb = n / t->block_size, block_bytes = t->type_size;
@@ -138,6 +224,8 @@ static void interleave(int type, const void *src, void *dst, int64_t n_rows, int
                 q5_0_to_tile((const block_q5_0 *)blocks + b, (tile_q5_0 *)dst + tile * nb + b, r);
             } else if (type == PYLLM_TYPE_Q4_K) {
                 q4_K_to_tile((const block_q4_K *)blocks + b, (tile_q4_K *)dst + tile * nb + b, r);
+            } else if (type == PYLLM_TYPE_Q6_K) {
+                q6_K_to_tile((const block_q6_K *)blocks + b, (tile_q6_K *)dst + tile * nb + b, r);
             } else {
                 q8_0_to_tile((const block_q8_0 *)blocks + b, (tile_q8_0 *)dst + tile * nb + b, r);
             }
@@ -167,6 +255,8 @@ static void gather_rows(int layout, const void *w, int64_t tile, int first, int 
                 q5_0_from_tile((const tile_q5_0 *)w + at, r, (block_q5_0 *)block + b);
             } else if (layout == PYLLM_TYPE_Q4_K_X16) {
                 q4_K_from_tile((const tile_q4_K *)w + at, r, (block_q4_K *)block + b);
+            } else if (layout == PYLLM_TYPE_Q6_K_X16) {
+                q6_K_from_tile((const tile_q6_K *)w + at, r, (block_q6_K *)block + b);
             } else {
                 q8_0_from_tile((const tile_q8_0 *)w + at, r, (block_q8_0 *)block + b);
             }

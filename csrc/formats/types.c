@@ -30,6 +30,7 @@ static const pyllm_type_traits traits[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q8_0_X16] = {"Q8_0 (16-row tiles)", QK32, sizeof(block_q8_0), PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q8_0, X16_ROWS, 1, 0},
     [PYLLM_TYPE_Q5_0_X16] = {"Q5_0 (16-row tiles)", QK32, sizeof(block_q5_0), PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0, X16_ROWS, 1, 0},
     [PYLLM_TYPE_Q4_K_X16] = {"Q4_K (16-row tiles)", QK_K, sizeof(block_q4_K), PYLLM_TYPE_Q8_K, PYLLM_TYPE_Q4_K, X16_ROWS, 1, 0},
+    [PYLLM_TYPE_Q6_K_X16] = {"Q6_K (16-row tiles)", QK_K, sizeof(block_q6_K), PYLLM_TYPE_Q8_K, PYLLM_TYPE_Q6_K, X16_ROWS, 1, 0},
 };
 
 const pyllm_type_traits *type_traits(int type) {

@@ -124,8 +124,8 @@ static void test_matmul_invariance(void) {
  * bit: plain types with row counts off the 16-row tile (37, 5, 16), interleaved ones, M through lone rows, tile
  * passes, groups and panels, 1-3 threads. */
 static void test_matmul_many_is_matmul_each(void) {
-    const int types[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16,
-                         PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16};
+    const int types[] = {PYLLM_TYPE_Q4_1,     PYLLM_TYPE_Q8_0,     PYLLM_TYPE_Q4_K,     PYLLM_TYPE_Q4_1_X16,
+                         PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16, PYLLM_TYPE_Q6_K_X16};
     const int64_t k = 512, ms[] = {1, 4, 7, 37};
     enum { N_W = 3 };
     for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ++ti) {
@@ -537,15 +537,17 @@ static void test_grouped_q5_0_is_q5_0(void) {
     }
 }
 
-/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16) are their plain matrices: each row gathered back is
- * the plain row's bytes, rows dequantize to the same values, the tile kernels (where the CPU runs them) give generic
- * vec_dot's bits for one and two activation rows, and matmul gives the plain type's bits for every M (panels, tile
- * passes, an odd last row) and thread count, on every tier (where a tier has no tile kernel: rebuilt rows through
- * vec_dot). 1..20 blocks a row (1..6 superblocks), every kind of weight bytes, two tiles. */
+/* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16, Q6_K_X16) are their plain matrices: each row
+ * gathered back is the plain row's bytes (and each tile a tier rebuilds whole), rows dequantize to the same values,
+ * the tile kernels (where the CPU runs them) give generic vec_dot's bits for one to four activation rows, and matmul
+ * gives the plain type's bits for every M (panels, tile passes, an odd last row) and thread count, on every tier
+ * (where a tier has no tile kernel: rebuilt rows through vec_dot). 1..20 blocks a row (1..6 superblocks), every kind
+ * of weight bytes, two tiles. */
 static void test_interleaved_is_plain(void) {
     enum { N_OUT = 2 * X16_ROWS, M_MAX = 20 };
-    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q4_K};
-    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16};
+    const int bases[] = {PYLLM_TYPE_Q4_1, PYLLM_TYPE_Q8_0, PYLLM_TYPE_Q5_0, PYLLM_TYPE_Q4_K, PYLLM_TYPE_Q6_K};
+    const int interleaved[] = {PYLLM_TYPE_Q4_1_X16, PYLLM_TYPE_Q8_0_X16, PYLLM_TYPE_Q5_0_X16, PYLLM_TYPE_Q4_K_X16,
+                               PYLLM_TYPE_Q6_K_X16};
     _Static_assert(sizeof bases == sizeof interleaved, "a base for every interleaved layout");
     const int64_t ms[] = {1, 2, 3, 4, 5, 17, M_MAX};
     const int tier = pyllm_active_tier();
@@ -576,6 +578,17 @@ static void test_interleaved_is_plain(void) {
                 pyllm_dequantize_row(base, plain + (N_OUT - 1 - r) * row_bytes, f_plain, n);
                 CHECK(memcmp(f_plain, f_rows + r * n, (size_t)n * sizeof(float)) == 0, "%s blocks=%d row %d: values differ",
                       pyllm_type_name(type), blocks, r);
+            }
+            for (int t = 0; t <= pyllm_cpu_best_tier(); ++t) {  /* a tier's own rebuilding of whole tiles */
+                const tile_gather_fn gather = tier_runs(t) ? kernel_set(t, type)->tile_gather : NULL;
+                for (int tile = 0; gather != NULL && tile < N_OUT / X16_ROWS; ++tile) {
+                    uint8_t *rebuilt = malloc((size_t)(X16_ROWS * row_bytes));
+                    gather(tiles + tile * X16_ROWS * row_bytes, n, rebuilt);
+                    CHECK(memcmp(rebuilt, plain + tile * X16_ROWS * row_bytes, (size_t)(X16_ROWS * row_bytes)) == 0,
+                          "%s blocks=%d tile %d tier %s: a tile's rows rebuilt differ", pyllm_type_name(type), blocks,
+                          tile, pyllm_tier_name(t));
+                    free(rebuilt);
+                }
             }
             for (int64_t i = 0; i < M_MAX * n; ++i) x[i] = (blocks % 7 == 6 && i < n) ? 0.0f : rng_float(-1, 1);
             for (int n_rows = 1; kernel != NULL && n_rows <= kernel_set(pyllm_cpu_best_tier(), type)->tile_max_rows; ++n_rows) {

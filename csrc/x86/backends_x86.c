@@ -53,6 +53,7 @@ static void take_family(pyllm_kernel_set *set, int type, const avx2_family *fami
 static void fill_avx2(int type, pyllm_kernel_set *set) {
     take_family(set, type, &family_avx2);
     set->tile = tile_kernel_table_avx2[type];
+    set->tile_gather = tile_gather_table_avx2[type];
     set->tile_max_rows = 4;
     set->tile_prefill = 1;  /* a prompt's rows too, 4 at a time: faster than the tiles rebuilt for the 8-row kernels */
 }
@@ -75,7 +76,7 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
         set->tile = tile_kernel_table_avx512_vnni[type];
         set->tile_max_rows = 2;
         set->tile_prefill = 1;  /* the weights already in lanes beat unpacking them for panels (bench/README.md) */
-    } else {  /* avx2's (Q4_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
+    } else {  /* avx2's (Q4_K, Q6_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
         set->tile_prefill = 0;
     }
 }

@@ -217,6 +217,174 @@ static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_ro
     }
 }
 
+/* ---- Q6_K_X16 ---- */
+
+/* Unit u of a group in every lane, unsigned (formats/blocks.h: tile_q6_K): units 0..2 in bits 0..5 of their bytes,
+ * unit 3 rebuilt from the three bytes' bits 6-7 (each masked before its 16-bit shift, so no bit crosses a byte). */
+KERNEL_INLINE void q6_K_group_units(const uint8_t *bytes, __m256i q[4]) {
+    const __m256i low6 = _mm256_set1_epi8(0x3F);
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)bytes);
+    const __m256i b1 = _mm256_loadu_si256((const __m256i *)bytes + 1);
+    const __m256i b2 = _mm256_loadu_si256((const __m256i *)bytes + 2);
+    q[0] = _mm256_and_si256(b0, low6);
+    q[1] = _mm256_and_si256(b1, low6);
+    q[2] = _mm256_and_si256(b2, low6);
+    q[3] = _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi16(_mm256_andnot_si256(low6, b0), 2),
+                                           _mm256_srli_epi16(_mm256_andnot_si256(low6, b1), 4)),
+                           _mm256_srli_epi16(_mm256_andnot_si256(low6, b2), 6));
+}
+
+/* One group's exact sum of q * a for 8 weight rows, times the rows' group scale (a lane's scale as both its int16):
+ * the products of two units add up in int16 (at most 2 * 2 * 63 * 128 < 32768) before the scale. */
+KERNEL_INLINE __m256i q6_K_group_dot(const __m256i q[4], const int8_t *a, __m256i scale) {
+    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], broadcast4(a)),
+                                         _mm256_maddubs_epi16(q[1], broadcast4(a + 4)));
+    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], broadcast4(a + 8)),
+                                         _mm256_maddubs_epi16(q[3], broadcast4(a + 12)));
+    return _mm256_add_epi32(_mm256_madd_epi16(p01, scale), _mm256_madd_epi16(p23, scale));
+}
+
+/* Halves first_half .. first_half + n_halves - 1 of one tile superblock against n_rows rows: each row's exact int32
+ * sum of scale * (q - 32) * a per weight row (q - 32 as q, less 32 * the scales times the rows' group sums), then
+ * vec_dot_generic.c's Q6_K step acc = fmaf(d * (float)sum, d_a, acc), 8 weight rows a vector. */
+KERNEL_INLINE void q6_K_tile_superblock(const tile_q6_K *x, const block_q8_K *const *y, const int first_half,
+                                        const int n_halves, const int n_rows, __m256 acc[2][MAX_ROWS]) {
+    /* in every 32-bit lane, its int16 j twice: the scale of group 2 p + j from the lane's pair */
+    const __m256i scale_of[2] = {
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13)),
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15))};
+    __m256i sums[2][MAX_ROWS];
+#pragma GCC unroll 2
+    for (int h = 0; h < n_halves; ++h) {
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) sums[h][r] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 1
+    for (int p = 0; p < 8; ++p) {
+#pragma GCC unroll 2
+        for (int hi = 0; hi < n_halves; ++hi) {
+            const int h = first_half + hi;
+            /* a lane's scales of groups 2 p and 2 p + 1 as two int16 */
+            const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales[p][h]));
+            const __m256i pair32 = _mm256_slli_epi16(pair, 5);  /* 32 * scale: at most 4096 in magnitude */
+#pragma GCC unroll 4
+            for (int r = 0; r < n_rows; ++r) {
+                int32_t group_sums;  /* bsums[2 p] and bsums[2 p + 1], as the two int16 of a word */
+                memcpy(&group_sums, y[r]->bsums + 2 * p, 4);
+                sums[hi][r] = _mm256_sub_epi32(sums[hi][r], _mm256_madd_epi16(pair32, _mm256_set1_epi32(group_sums)));
+            }
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; ++j) {
+                const __m256i scale = _mm256_shuffle_epi8(pair, scale_of[j]);
+                __m256i q[4];
+                q6_K_group_units(x->qs[p][h][j][0][0], q);
+#pragma GCC unroll 4
+                for (int r = 0; r < n_rows; ++r) {
+                    sums[hi][r] = _mm256_add_epi32(sums[hi][r], q6_K_group_dot(q, y[r]->qs + 32 * p + 16 * j, scale));
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int hi = 0; hi < n_halves; ++hi) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d[first_half + hi]));
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) {
+            __m256 *a = &acc[first_half + hi][r];
+            *a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sums[hi][r])), _mm256_set1_ps(y[r]->d), *a);
+        }
+    }
+}
+
+/* The tile against n_rows rows, superblock by superblock: one row takes both halves at once, more rows one half at a
+ * time (their sums would not fit the registers). */
+KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
+                                  const uint8_t *prefetch, const int next_tile, const int n_rows) {
+    __m256 acc[2][MAX_ROWS];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) acc[h][r] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const tile_q6_K *x = (const tile_q6_K *)tile + b;
+        if (next_tile) prefetch_superblock(prefetch, b, sizeof(tile_q6_K));
+        const block_q8_K *y[MAX_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) y[r] = (const block_q8_K *)rows[r].rows[0] + b;
+        if (n_rows == 1) {
+            q6_K_tile_superblock(x, y, 0, 2, 1, acc);
+        } else {
+            q6_K_tile_superblock(x, y, 0, 1, n_rows, acc);
+            q6_K_tile_superblock(x, y, 1, 1, n_rows, acc);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) {
+        _mm256_storeu_ps(out + r * stride, acc[0][r]);
+        _mm256_storeu_ps(out + r * stride + 8, acc[1][r]);
+    }
+}
+
+/* A Q6_K tile rebuilt into its 16 plain rows (row i's at dst + i * row_bytes), for a prompt's panels: a group's units
+ * unpacked for 8 rows at once, each row's 16 quants of the group taken out by a 4 x 4 transpose of 32-bit words, then
+ * each row's quants packed back into ql and qh (the inverse of vec_dot's unpacking). */
+static void tile_gather_q6_K_x16(const void *tile, int64_t n, void *dst) {
+    const int64_t row_bytes = n / QK_K * (int64_t)sizeof(block_q6_K);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const tile_q6_K *x = (const tile_q6_K *)tile + b;
+        _Alignas(32) uint8_t q[X16_ROWS][QK_K];
+        for (int p = 0; p < 8; ++p) {
+            for (int h = 0; h < 2; ++h) {
+                for (int j = 0; j < 2; ++j) {
+                    __m256i u[4];
+                    q6_K_group_units(x->qs[p][h][j][0][0], u);
+                    const __m256i t0 = _mm256_unpacklo_epi32(u[0], u[1]), t1 = _mm256_unpackhi_epi32(u[0], u[1]);
+                    const __m256i t2 = _mm256_unpacklo_epi32(u[2], u[3]), t3 = _mm256_unpackhi_epi32(u[2], u[3]);
+                    const __m256i rows[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                                             _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+                    for (int r = 0; r < 4; ++r) {  /* rows r and r + 4 of the half */
+                        _mm_store_si128((__m128i *)(q[8 * h + r] + 32 * p + 16 * j), _mm256_castsi256_si128(rows[r]));
+                        _mm_store_si128((__m128i *)(q[8 * h + r + 4] + 32 * p + 16 * j), _mm256_extracti128_si256(rows[r], 1));
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < X16_ROWS; ++i) {
+            const int h = i / 8, r = i % 8;
+            block_q6_K *out = (block_q6_K *)((uint8_t *)dst + i * row_bytes) + b;
+            out->d = x->d[h][r];
+            for (int p = 0; p < 8; ++p) memcpy(out->scales + 2 * p, x->scales[p][h][r], 2);
+            for (int half = 0; half < 2; ++half) {  /* the four runs of 32: ql's low, then high nibbles; qh's bit pairs */
+                const uint8_t *runs = q[i] + 128 * half;
+                const __m256i r0 = _mm256_load_si256((const __m256i *)runs), r1 = _mm256_load_si256((const __m256i *)runs + 1);
+                const __m256i r2 = _mm256_load_si256((const __m256i *)runs + 2), r3 = _mm256_load_si256((const __m256i *)runs + 3);
+                const __m256i ql0 = _mm256_or_si256(_mm256_and_si256(r0, low4), _mm256_slli_epi16(_mm256_and_si256(r2, low4), 4));
+                const __m256i ql1 = _mm256_or_si256(_mm256_and_si256(r1, low4), _mm256_slli_epi16(_mm256_and_si256(r3, low4), 4));
+                const __m256i qh = _mm256_or_si256(
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(r0, 4), _mm256_set1_epi8(0x03)),
+                                    _mm256_and_si256(_mm256_srli_epi16(r1, 2), _mm256_set1_epi8(0x0C))),
+                    _mm256_or_si256(_mm256_and_si256(r2, _mm256_set1_epi8(0x30)),
+                                    _mm256_and_si256(_mm256_slli_epi16(r3, 2), _mm256_set1_epi8((char)0xC0))));
+                _mm256_storeu_si256((__m256i *)(out->ql + 64 * half), ql0);
+                _mm256_storeu_si256((__m256i *)(out->ql + 64 * half + 32), ql1);
+                _mm256_storeu_si256((__m256i *)(out->qh + 32 * half), qh);
+            }
+        }
+    }
+}
+
+static void vec_dot_q6_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
+                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
+    switch (n_rows) {
+    case 4: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
+    case 3: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
+    case 2: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
+    default: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -225,6 +393,11 @@ static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_ro
 
 const tile_kernel_fn tile_kernel_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_K_X16] = vec_dot_q4_K_x16_q8_K_tile,
+    [PYLLM_TYPE_Q6_K_X16] = vec_dot_q6_K_x16_q8_K_tile,
+};
+
+const tile_gather_fn tile_gather_table_avx2[PYLLM_TYPE_COUNT] = {
+    [PYLLM_TYPE_Q6_K_X16] = tile_gather_q6_K_x16,
 };
 
 #endif
