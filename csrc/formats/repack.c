@@ -129,15 +129,15 @@ static void q6_K_quants(const block_q6_K *x, uint8_t q[QK_K]) {
     }
 }
 
-/* The inverse: quants in element order into ql and qh, four bytes a step (the quants were just stored four at a
- * time: wider loads would wait for those stores to retire). */
+/* The inverse: quants in element order into ql and qh, four bytes a step. */
 static void q6_K_pack(const uint8_t q[QK_K], block_q6_K *x) {
     const uint32_t low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
     for (int half = 0; half < 2; ++half) {
         for (int l = 0; l < 32; l += 4) {
             uint32_t runs[4];
             for (int run = 0; run < 4; ++run) memcpy(&runs[run], q + 128 * half + 32 * run + l, 4);
-            const uint32_t low = (runs[0] & low4) | (runs[2] & low4) << 4, high = (runs[1] & low4) | (runs[3] & low4) << 4;
+            const uint32_t low = (runs[0] & low4) | (runs[2] & low4) << 4;
+            const uint32_t high = (runs[1] & low4) | (runs[3] & low4) << 4;
             const uint32_t bits = (runs[0] >> 4 & low2) | (runs[1] >> 4 & low2) << 2 | (runs[2] >> 4 & low2) << 4 |
                                   (runs[3] >> 4 & low2) << 6;
             memcpy(x->ql + 64 * half + l, &low, 4);

@@ -7,7 +7,10 @@
  * vpmaddubsw against the activation's 4 bytes broadcast advances all 8, and eight of them add up in int16 before a
  * vpmaddwd applies each row's group scale. Each output keeps vec_dot_generic.c's Q4_K steps: exact int32 sums per
  * 64-element chunk, then sum * (d * d_a) and sum_min * (dmin * d_a) chained by fmaf in two accumulators, and
- * subtracted.
+ * subtracted. Q6_K_X16's kernel is the same shape over tile_q6_K: a group's 16 quants of 8 rows unpacked from three
+ * vectors, two units' products added in int16, each group's scale applied by vpmaddwd, vec_dot_generic.c's exact
+ * int32 sum per superblock and its one fmaf a superblock. Q6_K_X16's tiles are rebuilt into plain rows here too, for
+ * the avx512_vnni tier's prompts.
  *
  * Built without global -m flags: the kernel gets its target by pragma and runs only where backends_x86.c has seen
  * the CPU features.
@@ -346,7 +349,8 @@ static void tile_gather_q6_K_x16(const void *tile, int64_t n, void *dst) {
                                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
                     for (int r = 0; r < 4; ++r) {  /* rows r and r + 4 of the half */
                         _mm_store_si128((__m128i *)(q[8 * h + r] + 32 * p + 16 * j), _mm256_castsi256_si128(rows[r]));
-                        _mm_store_si128((__m128i *)(q[8 * h + r + 4] + 32 * p + 16 * j), _mm256_extracti128_si256(rows[r], 1));
+                        _mm_store_si128((__m128i *)(q[8 * h + r + 4] + 32 * p + 16 * j),
+                                        _mm256_extracti128_si256(rows[r], 1));
                     }
                 }
             }
@@ -356,12 +360,14 @@ static void tile_gather_q6_K_x16(const void *tile, int64_t n, void *dst) {
             block_q6_K *out = (block_q6_K *)((uint8_t *)dst + i * row_bytes) + b;
             out->d = x->d[h][r];
             for (int p = 0; p < 8; ++p) memcpy(out->scales + 2 * p, x->scales[p][h][r], 2);
-            for (int half = 0; half < 2; ++half) {  /* the four runs of 32: ql's low, then high nibbles; qh's bit pairs */
-                const uint8_t *runs = q[i] + 128 * half;
-                const __m256i r0 = _mm256_load_si256((const __m256i *)runs), r1 = _mm256_load_si256((const __m256i *)runs + 1);
-                const __m256i r2 = _mm256_load_si256((const __m256i *)runs + 2), r3 = _mm256_load_si256((const __m256i *)runs + 3);
-                const __m256i ql0 = _mm256_or_si256(_mm256_and_si256(r0, low4), _mm256_slli_epi16(_mm256_and_si256(r2, low4), 4));
-                const __m256i ql1 = _mm256_or_si256(_mm256_and_si256(r1, low4), _mm256_slli_epi16(_mm256_and_si256(r3, low4), 4));
+            for (int half = 0; half < 2; ++half) {  /* four runs of 32: ql's low, then high nibbles; qh's bit pairs */
+                const __m256i *runs = (const __m256i *)(q[i] + 128 * half);
+                const __m256i r0 = _mm256_load_si256(runs), r1 = _mm256_load_si256(runs + 1);
+                const __m256i r2 = _mm256_load_si256(runs + 2), r3 = _mm256_load_si256(runs + 3);
+                const __m256i ql0 = _mm256_or_si256(_mm256_and_si256(r0, low4),
+                                                    _mm256_slli_epi16(_mm256_and_si256(r2, low4), 4));
+                const __m256i ql1 = _mm256_or_si256(_mm256_and_si256(r1, low4),
+                                                    _mm256_slli_epi16(_mm256_and_si256(r3, low4), 4));
                 const __m256i qh = _mm256_or_si256(
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(r0, 4), _mm256_set1_epi8(0x03)),
                                     _mm256_and_si256(_mm256_srli_epi16(r1, 2), _mm256_set1_epi8(0x0C))),
