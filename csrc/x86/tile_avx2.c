@@ -210,15 +210,19 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
     }
 }
 
-static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
-                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
-    switch (n_rows) {
-    case 4: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
-    case 3: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
-    case 2: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
-    default: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
+/* A tile kernel (tile_kernel_fn) from an inline kernel of a fixed row count: each count compiled apart. */
+#define TILE_KERNEL(name, rows_kernel)                                                                         \
+    static void name(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out, int64_t stride, \
+                     const uint8_t *prefetch, int next_tile) {                                                  \
+        switch (n_rows) {                                                                                       \
+        case 4: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 4); break;                        \
+        case 3: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 3); break;                        \
+        case 2: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 2); break;                        \
+        default: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 1);                              \
+        }                                                                                                       \
     }
-}
+
+TILE_KERNEL(vec_dot_q4_K_x16_q8_K_tile, q4_K_tile_rows)
 
 /* ---- Q6_K_X16 ---- */
 
@@ -381,15 +385,7 @@ static void tile_gather_q6_K_x16(const void *tile, int64_t n, void *dst) {
     }
 }
 
-static void vec_dot_q6_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
-                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
-    switch (n_rows) {
-    case 4: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
-    case 3: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
-    case 2: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
-    default: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
-    }
-}
+TILE_KERNEL(vec_dot_q6_K_x16_q8_K_tile, q6_K_tile_rows)
 
 #if defined(__clang__)
 #pragma clang attribute pop
