@@ -71,7 +71,7 @@ static void build_set(int tier, int type) {
                                   .panel = plain->panel, .panel_layout = plain->panel_layout, .tile = set->tile,
                                   .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0,
                                   .tile_prefill = set->tile != NULL && set->tile_prefill,
-                                  .tile_gather = set->tile_gather};
+                                  .tile_gather = set->tile_gather != NULL ? set->tile_gather : tile_gather};
     } else {
         set->tile = NULL;
         set->tile_max_rows = 0;

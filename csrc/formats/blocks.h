@@ -240,4 +240,32 @@ static inline void q3_K_scales(const uint8_t *packed, int8_t out[16]) {
     }
 }
 
+/* A Q6_K superblock's quants (0..63) in element order: each 128-element half's four runs of 32 take the low nibbles of
+ * ql[0..31], of ql[32..63], then their high nibbles, and bits 0-1, 2-3, 4-5, 6-7 of qh[0..31]. */
+static inline void q6_K_quants(const block_q6_K *x, uint8_t q[QK_K]) {
+    for (int half = 0; half < 2; ++half) {
+        const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+        uint8_t *out = q + 128 * half;
+        for (int l = 0; l < 32; ++l) {
+            out[l] = (uint8_t)((ql[l] & 0xF) | (qh[l] & 3) << 4);
+            out[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (qh[l] >> 2 & 3) << 4);
+            out[l + 64] = (uint8_t)((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4);
+            out[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh[l] >> 6) << 4);
+        }
+    }
+}
+
+/* The inverse: quants 0..63 in element order into a superblock's ql and qh. */
+static inline void q6_K_put_quants(const uint8_t q[QK_K], block_q6_K *x) {
+    for (int half = 0; half < 2; ++half) {
+        const uint8_t *in = q + 128 * half;
+        uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+        for (int l = 0; l < 32; ++l) {
+            ql[l] = (uint8_t)((in[l] & 0xF) | (in[l + 64] & 0xF) << 4);
+            ql[l + 32] = (uint8_t)((in[l + 32] & 0xF) | (in[l + 96] & 0xF) << 4);
+            qh[l] = (uint8_t)((in[l] >> 4) | (in[l + 32] >> 4) << 2 | (in[l + 64] >> 4) << 4 | (in[l + 96] >> 4) << 6);
+        }
+    }
+}
+
 #endif /* PYLLM_BLOCKS_H */

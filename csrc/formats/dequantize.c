@@ -147,24 +147,13 @@ static void dequantize_row_q5_K(const void *src, float *y, int64_t n) {
     }
 }
 
-/* The 6-bit quant (0..63) of element e of a Q6_K superblock: 128-element
- * halves; low nibbles from 64 ql bytes (low then high nibble), high 2 bits
- * from 32 qh bytes (shifts 0, 2, 4, 6 -> 32-element runs). */
-static inline int q6k_value(const block_q6_K *b, int e) {
-    const int half = e / 128, r = e % 128;
-    const uint8_t low_byte = b->ql[half * 64 + r % 64];
-    const int low = r < 64 ? (low_byte & 0xF) : (low_byte >> 4);
-    const int high = (b->qh[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
-    return low | high << 4;
-}
-
 static void dequantize_row_q6_K(const void *src, float *y, int64_t n) {
     const block_q6_K *b = src;
     for (int64_t i = 0; i < n / QK_K; ++i, y += QK_K) {
         const float d = fp16_to_fp32(b[i].d);
-        for (int e = 0; e < QK_K; ++e) {
-            y[e] = (d * (float)b[i].scales[e / 16]) * (float)(q6k_value(&b[i], e) - 32);
-        }
+        uint8_t q[QK_K];
+        q6_K_quants(&b[i], q);
+        for (int e = 0; e < QK_K; ++e) y[e] = (d * (float)b[i].scales[e / 16]) * (float)(q[e] - 32);
     }
 }
 

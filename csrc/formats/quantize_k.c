@@ -634,16 +634,7 @@ static void quantize_row_q6_K_any(const float *x, void *dst, int64_t n, const fl
                 L[16 * g + k] = (int8_t)(clamp_int(nearest_int(x[16 * g + k] / d), -32, 31) + 32);
             }
         }
-        for (int j = 0; j < QK_K; j += 128) {
-            uint8_t *ql = y[i].ql + j / 2, *qh = y[i].qh + j / 4;
-            for (int l = 0; l < 32; ++l) {
-                const uint8_t q1 = (uint8_t)L[j + l], q2 = (uint8_t)L[j + l + 32];
-                const uint8_t q3 = (uint8_t)L[j + l + 64], q4 = (uint8_t)L[j + l + 96];
-                ql[l] = (uint8_t)((q1 & 0xF) | (q3 & 0xF) << 4);
-                ql[l + 32] = (uint8_t)((q2 & 0xF) | (q4 & 0xF) << 4);
-                qh[l] = (uint8_t)((q1 >> 4) | (q2 >> 4) << 2 | (q3 >> 4) << 4 | (q4 >> 4) << 6);
-            }
-        }
+        q6_K_put_quants((const uint8_t *)L, &y[i]);
     }
 }
 

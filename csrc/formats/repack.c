@@ -104,49 +104,6 @@ static void q4_K_from_tile(const tile_q4_K *t, int row, block_q4_K *x) {
     for (int u = 0; u < 32; ++u) memcpy(x->qs + 4 * u, t->qs[u / 8][h][u % 8][r], 4);
 }
 
-/* A Q6_K superblock's quants (0..63) in element order, as vec_dot_generic.c unpacks them: each 128-element half's
- * four runs of 32 take the low nibbles of ql[0..31], of ql[32..63], then their high nibbles, and bits 0-1, 2-3, 4-5,
- * 6-7 of qh[0..31]. Eight bytes a step, each shift's stray bits masked off (so in either byte order). */
-static uint64_t word8(const uint8_t *p) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    return w;
-}
-
-#define BYTES(b) (0x0101010101010101ull * (b))
-
-static void q6_K_quants(const block_q6_K *x, uint8_t q[QK_K]) {
-    for (int half = 0; half < 2; ++half) {
-        for (int l = 0; l < 32; l += 8) {
-            const uint64_t low = word8(x->ql + 64 * half + l), high = word8(x->ql + 64 * half + 32 + l);
-            const uint64_t bits = word8(x->qh + 32 * half + l);
-            const uint64_t runs[4] = {(low & BYTES(0x0F)) | (bits << 4 & BYTES(0x30)),
-                                      (high & BYTES(0x0F)) | (bits << 2 & BYTES(0x30)),
-                                      (low >> 4 & BYTES(0x0F)) | (bits & BYTES(0x30)),
-                                      (high >> 4 & BYTES(0x0F)) | (bits >> 2 & BYTES(0x30))};
-            for (int run = 0; run < 4; ++run) memcpy(q + 128 * half + 32 * run + l, &runs[run], 8);
-        }
-    }
-}
-
-/* The inverse: quants in element order into ql and qh, four bytes a step. */
-static void q6_K_pack(const uint8_t q[QK_K], block_q6_K *x) {
-    const uint32_t low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
-    for (int half = 0; half < 2; ++half) {
-        for (int l = 0; l < 32; l += 4) {
-            uint32_t runs[4];
-            for (int run = 0; run < 4; ++run) memcpy(&runs[run], q + 128 * half + 32 * run + l, 4);
-            const uint32_t low = (runs[0] & low4) | (runs[2] & low4) << 4;
-            const uint32_t high = (runs[1] & low4) | (runs[3] & low4) << 4;
-            const uint32_t bits = (runs[0] >> 4 & low2) | (runs[1] >> 4 & low2) << 2 | (runs[2] >> 4 & low2) << 4 |
-                                  (runs[3] >> 4 & low2) << 6;
-            memcpy(x->ql + 64 * half + l, &low, 4);
-            memcpy(x->ql + 64 * half + 32 + l, &high, 4);
-            memcpy(x->qh + 32 * half + l, &bits, 4);
-        }
-    }
-}
-
 /* Row `row` of a tile superblock <-> the plain superblock. A group's units 0, 1, 2 (4 elements, a 32-bit word each)
  * carry unit 3's bits 4-5, 2-3, 0-1 in bits 6-7 of their bytes (blocks.h: tile_q6_K). */
 static void q6_K_to_tile(const block_q6_K *x, tile_q6_K *t, int row) {
@@ -186,7 +143,7 @@ static void q6_K_from_tile(const tile_q6_K *t, int row, block_q6_K *x) {
         memcpy(q + 16 * g + 8, &u2, 4);
         memcpy(q + 16 * g + 12, &u3, 4);
     }
-    q6_K_pack(q, x);
+    q6_K_put_quants(q, x);
 }
 
 /* A whole Q4_K tile block back into its 16 rows' blocks (row i's at out[i]), reading the tile in memory order: a
@@ -268,8 +225,8 @@ void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *ds
     gather_rows(layout, w, row / X16_ROWS, (int)(row % X16_ROWS), 1, n, dst);
 }
 
-void tile_gather(int layout, const void *w, int64_t tile, int64_t n, void *dst) {
-    gather_rows(layout, w, tile, 0, X16_ROWS, n, dst);
+void tile_gather(int layout, const void *tile, int64_t n, void *dst) {
+    gather_rows(layout, tile, 0, 0, X16_ROWS, n, dst);
 }
 
 int pyllm_repack(int type, int layout, const void *src, void *dst, int64_t n_rows, int64_t n) {

@@ -248,17 +248,10 @@ static float vec_dot_q6_K_q8_K_generic(int64_t n, const void *w, const void *act
     const block_q8_K *y = act;
     float acc = 0.0f;
     for (int64_t b = 0; b < n / QK_K; ++b) {
+        uint8_t quants[QK_K];
         int8_t q[QK_K];
-        for (int half = 0; half < 2; ++half) {
-            const uint8_t *ql = x[b].ql + 64 * half, *qh = x[b].qh + 32 * half;
-            int8_t *out = q + 128 * half;
-            for (int l = 0; l < 32; ++l) {
-                out[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32);
-                out[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
-                out[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
-                out[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
-            }
-        }
+        q6_K_quants(&x[b], quants);
+        for (int e = 0; e < QK_K; ++e) q[e] = (int8_t)(quants[e] - 32);
         int32_t sum_q = 0;
         for (int g = 0; g < 16; ++g) sum_q += x[b].scales[g] * dot16_int(q + 16 * g, y[b].qs + 16 * g);
         acc = fmaf(fp16_to_fp32(x[b].d) * (float)sum_q, y[b].d, acc);

@@ -199,11 +199,8 @@ static void dot_weight(const matmul_run_state *run, const x_rows *x, const matmu
         const uint8_t *data = w->data;
         int64_t first = 0;
         if (plan->tiled) {  /* a whole tile (tiled rows are a multiple of it), rebuilt once for every X row */
-            if (plan->ks->tile_gather != NULL) {
-                plan->ks->tile_gather((const uint8_t *)w->data + tile * plan->w_row_bytes, plan->k, gathered);
-            } else {
-                tile_gather(plan->ks->type, w->data, tile / ROW_TILE, plan->k, gathered);
-            }
+            const uint8_t *first_block = (const uint8_t *)w->data + tile * plan->w_row_bytes;
+            plan->ks->tile_gather(plan->ks->type, first_block, plan->k, gathered);
             data = gathered, first = tile;
         }
         if (panels) dot_panels(run, w, data, first, tile, tile_end, unpacked);

@@ -579,11 +579,11 @@ static void test_interleaved_is_plain(void) {
                 CHECK(memcmp(f_plain, f_rows + r * n, (size_t)n * sizeof(float)) == 0, "%s blocks=%d row %d: values differ",
                       pyllm_type_name(type), blocks, r);
             }
-            for (int t = 0; t <= pyllm_cpu_best_tier(); ++t) {  /* a tier's own rebuilding of whole tiles */
+            for (int t = 0; t <= pyllm_cpu_best_tier(); ++t) {  /* each tier's rebuilding of whole tiles */
                 const tile_gather_fn gather = tier_runs(t) ? kernel_set(t, type)->tile_gather : NULL;
                 for (int tile = 0; gather != NULL && tile < N_OUT / X16_ROWS; ++tile) {
                     uint8_t *rebuilt = malloc((size_t)(X16_ROWS * row_bytes));
-                    gather(tiles + tile * X16_ROWS * row_bytes, n, rebuilt);
+                    gather(type, tiles + tile * X16_ROWS * row_bytes, n, rebuilt);
                     CHECK(memcmp(rebuilt, plain + tile * X16_ROWS * row_bytes, (size_t)(X16_ROWS * row_bytes)) == 0,
                           "%s blocks=%d tile %d tier %s: a tile's rows rebuilt differ", pyllm_type_name(type), blocks,
                           tile, pyllm_tier_name(t));

@@ -336,7 +336,8 @@ KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
 /* A Q6_K tile rebuilt into its 16 plain rows (row i's at dst + i * row_bytes), for a prompt's panels: a group's units
  * unpacked for 8 rows at once, each row's 16 quants of the group taken out by a 4 x 4 transpose of 32-bit words, then
  * each row's quants packed back into ql and qh (the inverse of vec_dot's unpacking). */
-static void tile_gather_q6_K_x16(const void *tile, int64_t n, void *dst) {
+static void tile_gather_q6_K_x16(int layout, const void *tile, int64_t n, void *dst) {
+    (void)layout;
     const int64_t row_bytes = n / QK_K * (int64_t)sizeof(block_q6_K);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < n / QK_K; ++b) {
