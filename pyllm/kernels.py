@@ -203,10 +203,6 @@ def interleaved_type(type_id: int) -> GGMLType | None:
 _HUGE_PAGE = 2 << 20
 
 
-def _buffer_address(mapping: mmap.mmap) -> int:
-    return np.frombuffer(mapping, dtype=np.uint8, count=1).ctypes.data
-
-
 def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
     """An uninitialised uint8 array whose data starts on a 64-byte line; a large one in its own mapping, its whole
     2 MB pages asked to be huge where the kernel offers them (transparent huge pages on madvise): a fault a 2 MB page
@@ -214,12 +210,16 @@ def aligned_empty(shape: tuple[int, int]) -> np.ndarray:
     size = shape[0] * shape[1]
     if size >= _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         mapping = mmap.mmap(-1, size + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        start = -_buffer_address(mapping) % _HUGE_PAGE
-        mapping.madvise(mmap.MADV_HUGEPAGE, start, size // _HUGE_PAGE * _HUGE_PAGE)  # a tail in small pages
-        return np.frombuffer(mapping, dtype=np.uint8, count=size, offset=start).reshape(shape)
-    buffer = np.empty(shape[0] * shape[1] + 64, dtype=np.uint8)
+        data = np.frombuffer(mapping, dtype=np.uint8)
+        start = -data.ctypes.data % _HUGE_PAGE
+        try:  # a tail in small pages; a kernel without THP refuses the advice, which changes nothing else
+            mapping.madvise(mmap.MADV_HUGEPAGE, start, size // _HUGE_PAGE * _HUGE_PAGE)
+        except OSError:
+            pass
+        return data[start:start + size].reshape(shape)
+    buffer = np.empty(size + 64, dtype=np.uint8)
     start = -buffer.ctypes.data % 64
-    return buffer[start:start + shape[0] * shape[1]].reshape(shape)
+    return buffer[start:start + size].reshape(shape)
 
 
 def interleave(data: np.ndarray, type_id: int, out: np.ndarray | None = None) -> np.ndarray:

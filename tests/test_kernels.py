@@ -465,3 +465,17 @@ def test_attention_matches_float_reference_and_tiers_agree(d: int, window: int, 
     np.testing.assert_allclose(generic, want, rtol=1e-4, atol=1e-5)
     for tier, got in results.items():
         np.testing.assert_array_equal(bits(got), bits(generic), err_msg=f"tier {tier}")
+
+
+@pytest.mark.parametrize("shape", [(16, 100), (16, 210), (1536, 7350), (4096, 512)])
+def test_aligned_empty_is_aligned_writable_and_its_own(shape: tuple[int, int]) -> None:
+    """Repacked matrices' buffers: the shape asked for, writable, on a 64-byte line (a 2 MB page from 2 MB up, where
+    huge pages may back them), and two of them never share bytes."""
+    a, b = kernels.aligned_empty(shape), kernels.aligned_empty(shape)
+    assert a.shape == shape and a.dtype == np.uint8 and a.flags.writeable
+    assert a.ctypes.data % 64 == 0 and b.ctypes.data % 64 == 0
+    if a.size >= 2 << 20:
+        assert a.ctypes.data % (2 << 20) == 0
+    a[:] = 1
+    b[:] = 2
+    assert int(a.sum()) == a.size and int(b.sum()) == 2 * b.size
