@@ -6,8 +6,8 @@
  *                attention kernels;
  *   avx512_vnni  the same 256-bit kernels built with VNNI dots (vec_dot_avx2_vnni.c), in place of all the others
  *                (faster than vec_dot_avx512.c's four where both run: bench/README.md), and the panel (a prompt's
- *                rows 16 at a time) and tile (a tiled matrix's 16 rows a vector) kernels; avx2's Q4_K tiles
- *                for decode steps, their prompts rebuilt into plain rows for the panels.
+ *                rows 16 at a time) and tile (a tiled matrix's 16 rows a vector, Q4_K's too) kernels; avx2's Q6_K
+ *                tiles for decode steps, their prompts rebuilt into plain rows for the panels.
  * The tiers' kernels take their target by pragma, so one build runs on any x86-64: a tier is used only where
  * cpuid (and the OS's saved register state) says the CPU runs it.
  */
@@ -74,9 +74,9 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
     set->panel = panel_kernel_table_avx512_vnni[type];
     if (tile_kernel_table_avx512_vnni[type] != NULL) {
         set->tile = tile_kernel_table_avx512_vnni[type];
-        set->tile_max_rows = 2;
+        set->tile_max_rows = type == PYLLM_TYPE_Q4_K_X16 ? 4 : 2;  /* as many rows as its registers hold */
         set->tile_prefill = 1;  /* the weights already in lanes beat unpacking them for panels (bench/README.md) */
-    } else {  /* avx2's (Q4_K, Q6_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
+    } else {  /* avx2's (Q6_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
         set->tile_prefill = 0;
     }
 }

@@ -1,6 +1,6 @@
 /*
  * tile_avx512_vnni.c - the tile kernels of the tiled layouts (backend/kernel_set.h: tile_kernel_fn) on
- * AVX-512 VNNI: 16 weight rows in the 16 lanes of a vector against one or two activation rows.
+ * AVX-512 VNNI: 16 weight rows in the 16 lanes of a vector against one or two activation rows (Q4_K's: up to four).
  *
  * The multi-row kernels of vec_dot_avx2.inc hold one output's 8 lane sums in a vector and pay a dot, a
  * permute, a conversion and an FMA per row and block; the single-row ones also unpack every block for one
@@ -11,7 +11,9 @@
  * scale d_w * d_a is the same product, and the closing tree is the same adds between accumulators. Q8_0's
  * offset of 128 comes back out exactly: each lane's sum starts from -128 * its 4 activations (act_rows
  * offsets); Q5_0's q (0..31: the nibble, plus 16 by a byte-masked add where the lane's mask has the fifth
- * bit) the same way with 16.
+ * bit) the same way with 16. Q4_K_X16 puts both 8-row halves of its tiles (formats/blocks.h) in one vector; its
+ * nibbles are the unsigned operand as they are, and a group's 6-bit scale multiplies its exact int32 dot in the
+ * lanes (vpmulld), so a chunk's sum is the reference's integer before its one conversion.
  *
  * Built without global -m flags: the kernels get their target by pragma and run only where backends_x86.c has
  * seen the CPU features.
@@ -145,6 +147,125 @@ TILE_KERNEL(vec_dot_q4_1_x16_q8_1_tile, FMT_Q4_1)
 TILE_KERNEL(vec_dot_q8_0_x16_q8_0_tile, FMT_Q8_0)
 TILE_KERNEL(vec_dot_q5_0_x16_q8_0_tile, FMT_Q5_0)
 
+/* ---- Q4_K_X16: both halves of a tile in one vector, lane i weight row i ---- */
+
+#define Q4_K_MAX_ROWS 4
+
+/* The same 32 bytes of both halves of a tile_q4_K field (half 1's at half0 + offset): lane i is row i. */
+KERNEL_INLINE __m512i both_halves(const void *half0, size_t offset) {
+    const __m256i low = _mm256_loadu_si256((const __m256i *)half0);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(low), _mm256_loadu_si256((const __m256i *)((const char *)half0 + offset)), 1);
+}
+
+/* dpbusd(acc, q, the 4 signed bytes at a in every lane), the bytes a memory operand broadcast by the instruction itself
+ * (GCC 12 loads them into a register first: a separate instruction each). */
+typedef int32_t any_int32 __attribute__((may_alias, aligned(1)));
+KERNEL_INLINE __m512i dpbusd_broadcast(__m512i acc, __m512i q, const int8_t *a) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const any_int32 *)a));
+    return acc;
+}
+
+/* A superblock's 6-bit scales and mins (scale_min_k4's fields) of the 16 rows: scale[g] group g's scale as the
+ * lane's int32, min_pair[c] chunk c's two groups' mins as its two int16 (what a group-sum pair multiplies). */
+typedef struct {
+    __m512i scale[8], min_pair[4];
+} q4_K_scales;
+
+KERNEL_INLINE void q4_K_unpack_scales(const tile_q4_K *x, q4_K_scales *s) {
+    const size_t half = sizeof x->scales[0];
+    const __m512i w0 = both_halves(x->scales[0][0], half), w1 = both_halves(x->scales[0][1], half);
+    const __m512i w2 = both_halves(x->scales[0][2], half);
+    const __m512i low6 = _mm512_set1_epi8(0x3F), low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(0x03);
+    const __m512i scales[2] = {
+        _mm512_and_si512(w0, low6),
+        _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), low2), 4))};
+    const __m512i mins[2] = {
+        _mm512_and_si512(w1, low6),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), low2), 4))};
+    const __m512i byte = _mm512_set1_epi32(0xFF), third = _mm512_set1_epi32(0xFF0000);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) s->scale[g] = _mm512_and_si512(_mm512_srli_epi32(scales[g / 4], 8 * (g % 4)), byte);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {  /* bytes 2 (c % 2) and 2 (c % 2) + 1 of the lane into its two int16 */
+        const __m512i m = _mm512_srli_epi32(mins[c / 2], 16 * (c % 2));
+        s->min_pair[c] = _mm512_or_si512(_mm512_and_si512(m, byte), _mm512_and_si512(_mm512_slli_epi32(m, 8), third));
+    }
+}
+
+/* The tile against n_rows q8_K rows. Per 64-element chunk: each group's exact int32 dot (vpdpbusd: the nibbles
+ * unsigned, the activations' 4 bytes broadcast signed), times its scale, the two added (exact: below 2^24), and
+ * chained as vec_dot_generic.c's acc = fmaf(sum, d * d_a, acc); its mins' sum by one vpdpwssd of the lanes' min pair
+ * and the row's group-sum pair, chained into mins the same way; acc - mins. */
+KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
+                                  const uint8_t *prefetch, const int next_tile, const int n_rows) {
+    __m512 acc[Q4_K_MAX_ROWS], mins[Q4_K_MAX_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const size_t half = sizeof ((const tile_q4_K *)tile)->qs[0][0];
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const tile_q4_K *x = (const tile_q4_K *)tile + b;
+        if (next_tile) {  /* the next tile into L2 while this pass computes on a tile in cache */
+            const char *ahead = (const char *)prefetch + b * (int64_t)sizeof(tile_q4_K);
+            for (size_t line = 0; line < sizeof(tile_q4_K); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+        }
+        q4_K_scales s;
+        q4_K_unpack_scales(x, &s);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x->d));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x->dmin));
+        const block_q8_K *y[Q4_K_MAX_ROWS];
+        __m512 d_row[Q4_K_MAX_ROWS], dmin_row[Q4_K_MAX_ROWS];
+        int32_t group_pairs[Q4_K_MAX_ROWS][4];  /* chunk c's two groups' activation sums, as two int16 */
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) {
+            y[r] = (const block_q8_K *)rows[r].rows[0] + b;
+            d_row[r] = _mm512_mul_ps(d, _mm512_set1_ps(y[r]->d));
+            dmin_row[r] = _mm512_mul_ps(dmin, _mm512_set1_ps(y[r]->d));
+            const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[r]->bsums),
+                                                _mm_loadu_si128((const __m128i *)y[r]->bsums + 1));
+            _mm_storeu_si128((__m128i *)group_pairs[r], sums);
+        }
+#pragma GCC unroll 1
+        for (int c = 0; c < 4; ++c) {
+            __m512i dot_low[Q4_K_MAX_ROWS], dot_high[Q4_K_MAX_ROWS];
+#pragma GCC unroll 4
+            for (int r = 0; r < n_rows; ++r) dot_low[r] = dot_high[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; ++k) {
+                const __m512i q = both_halves(x->qs[c][0][k], half);
+                const __m512i low = _mm512_and_si512(q, nibble), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+#pragma GCC unroll 4
+                for (int r = 0; r < n_rows; ++r) {
+                    dot_low[r] = dpbusd_broadcast(dot_low[r], low, y[r]->qs + 64 * c + 4 * k);
+                    dot_high[r] = dpbusd_broadcast(dot_high[r], high, y[r]->qs + 64 * c + 32 + 4 * k);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < n_rows; ++r) {
+                const __m512i sum = _mm512_add_epi32(_mm512_mullo_epi32(dot_low[r], s.scale[2 * c]),
+                                                     _mm512_mullo_epi32(dot_high[r], s.scale[2 * c + 1]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d_row[r], acc[r]);
+                const __m512i sum_min = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s.min_pair[c],
+                                                            _mm512_set1_epi32(group_pairs[r][c]));
+                mins[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_min), dmin_row[r], mins[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) _mm512_storeu_ps(out + r * stride, _mm512_sub_ps(acc[r], mins[r]));
+}
+
+static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
+                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
+    switch (n_rows) {
+    case 4: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
+    case 3: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
+    case 2: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
+    default: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -153,7 +274,7 @@ TILE_KERNEL(vec_dot_q5_0_x16_q8_0_tile, FMT_Q5_0)
 
 const tile_kernel_fn tile_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_1_X16] = vec_dot_q4_1_x16_q8_1_tile, [PYLLM_TYPE_Q8_0_X16] = vec_dot_q8_0_x16_q8_0_tile,
-    [PYLLM_TYPE_Q5_0_X16] = vec_dot_q5_0_x16_q8_0_tile,
+    [PYLLM_TYPE_Q5_0_X16] = vec_dot_q5_0_x16_q8_0_tile, [PYLLM_TYPE_Q4_K_X16] = vec_dot_q4_K_x16_q8_K_tile,
 };
 
 #endif
