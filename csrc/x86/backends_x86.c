@@ -6,8 +6,8 @@
  *                attention kernels;
  *   avx512_vnni  the same 256-bit kernels built with VNNI dots (vec_dot_avx2_vnni.c), in place of all the others
  *                (faster than vec_dot_avx512.c's four where both run: bench/README.md), and the panel (a prompt's
- *                rows 16 at a time) and tile (a tiled matrix's 16 rows a vector, Q4_K's too) kernels; avx2's Q6_K
- *                tiles for decode steps, their prompts rebuilt into plain rows for the panels.
+ *                rows 16 at a time) and tile (a tiled matrix's 16 rows a vector) kernels, the K-quants' taking a
+ *                decode step's single row to avx2's.
  * The tiers' kernels take their target by pragma, so one build runs on any x86-64: a tier is used only where
  * cpuid (and the OS's saved register state) says the CPU runs it.
  */
@@ -53,7 +53,6 @@ static void take_family(pyllm_kernel_set *set, int type, const avx2_family *fami
 static void fill_avx2(int type, pyllm_kernel_set *set) {
     take_family(set, type, &family_avx2);
     set->tile = tile_kernel_table_avx2[type];
-    set->tile_gather = tile_gather_table_avx2[type];
     set->tile_max_rows = 4;
     set->tile_prefill = 1;  /* a prompt's rows too, 4 at a time: faster than the tiles rebuilt for the 8-row kernels */
 }
@@ -74,9 +73,10 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
     set->panel = panel_kernel_table_avx512_vnni[type];
     if (tile_kernel_table_avx512_vnni[type] != NULL) {
         set->tile = tile_kernel_table_avx512_vnni[type];
-        set->tile_max_rows = type == PYLLM_TYPE_Q4_K_X16 ? 4 : 2;  /* as many rows as its registers hold */
+        /* as many rows as a kernel's registers hold */
+        set->tile_max_rows = type == PYLLM_TYPE_Q4_K_X16 || type == PYLLM_TYPE_Q6_K_X16 ? 4 : 2;
         set->tile_prefill = 1;  /* the weights already in lanes beat unpacking them for panels (bench/README.md) */
-    } else {  /* avx2's (Q6_K): decode steps only, a prompt's tiles rebuilt into rows for the panels */
+    } else {  /* a tiled layout with no kernel here: avx2's for decode steps, a prompt's tiles rebuilt for the panels */
         set->tile_prefill = 0;
     }
 }

@@ -9,8 +9,7 @@
  * 64-element chunk, then sum * (d * d_a) and sum_min * (dmin * d_a) chained by fmaf in two accumulators, and
  * subtracted. Q6_K_X16's kernel is the same shape over tile_q6_K: a group's 16 quants of 8 rows unpacked from three
  * vectors, two units' products added in int16, each group's scale applied by vpmaddwd, vec_dot_generic.c's exact
- * int32 sum per superblock and its one fmaf a superblock. Q6_K_X16's tiles are rebuilt into plain rows here too, for
- * the avx512_vnni tier's prompts.
+ * int32 sum per superblock and its one fmaf a superblock.
  *
  * Built without global -m flags: the kernel gets its target by pragma and runs only where backends_x86.c has seen
  * the CPU features.
@@ -333,59 +332,6 @@ KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
     }
 }
 
-/* A Q6_K tile rebuilt into its 16 plain rows (row i's at dst + i * row_bytes), for a prompt's panels: a group's units
- * unpacked for 8 rows at once, each row's 16 quants of the group taken out by a 4 x 4 transpose of 32-bit words, then
- * each row's quants packed back into ql and qh (the inverse of vec_dot's unpacking). */
-static void tile_gather_q6_K_x16(int layout, const void *tile, int64_t n, void *dst) {
-    (void)layout;
-    const int64_t row_bytes = n / QK_K * (int64_t)sizeof(block_q6_K);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        const tile_q6_K *x = (const tile_q6_K *)tile + b;
-        _Alignas(32) uint8_t q[X16_ROWS][QK_K];
-        for (int p = 0; p < 8; ++p) {
-            for (int h = 0; h < 2; ++h) {
-                for (int j = 0; j < 2; ++j) {
-                    __m256i u[4];
-                    q6_K_group_units(x->qs[p][h][j][0][0], u);
-                    const __m256i t0 = _mm256_unpacklo_epi32(u[0], u[1]), t1 = _mm256_unpackhi_epi32(u[0], u[1]);
-                    const __m256i t2 = _mm256_unpacklo_epi32(u[2], u[3]), t3 = _mm256_unpackhi_epi32(u[2], u[3]);
-                    const __m256i rows[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                                             _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
-                    for (int r = 0; r < 4; ++r) {  /* rows r and r + 4 of the half */
-                        _mm_store_si128((__m128i *)(q[8 * h + r] + 32 * p + 16 * j), _mm256_castsi256_si128(rows[r]));
-                        _mm_store_si128((__m128i *)(q[8 * h + r + 4] + 32 * p + 16 * j),
-                                        _mm256_extracti128_si256(rows[r], 1));
-                    }
-                }
-            }
-        }
-        for (int i = 0; i < X16_ROWS; ++i) {
-            const int h = i / 8, r = i % 8;
-            block_q6_K *out = (block_q6_K *)((uint8_t *)dst + i * row_bytes) + b;
-            out->d = x->d[h][r];
-            for (int p = 0; p < 8; ++p) memcpy(out->scales + 2 * p, x->scales[p][h][r], 2);
-            for (int half = 0; half < 2; ++half) {  /* four runs of 32: ql's low, then high nibbles; qh's bit pairs */
-                const __m256i *runs = (const __m256i *)(q[i] + 128 * half);
-                const __m256i r0 = _mm256_load_si256(runs), r1 = _mm256_load_si256(runs + 1);
-                const __m256i r2 = _mm256_load_si256(runs + 2), r3 = _mm256_load_si256(runs + 3);
-                const __m256i ql0 = _mm256_or_si256(_mm256_and_si256(r0, low4),
-                                                    _mm256_slli_epi16(_mm256_and_si256(r2, low4), 4));
-                const __m256i ql1 = _mm256_or_si256(_mm256_and_si256(r1, low4),
-                                                    _mm256_slli_epi16(_mm256_and_si256(r3, low4), 4));
-                const __m256i qh = _mm256_or_si256(
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(r0, 4), _mm256_set1_epi8(0x03)),
-                                    _mm256_and_si256(_mm256_srli_epi16(r1, 2), _mm256_set1_epi8(0x0C))),
-                    _mm256_or_si256(_mm256_and_si256(r2, _mm256_set1_epi8(0x30)),
-                                    _mm256_and_si256(_mm256_slli_epi16(r3, 2), _mm256_set1_epi8((char)0xC0))));
-                _mm256_storeu_si256((__m256i *)(out->ql + 64 * half), ql0);
-                _mm256_storeu_si256((__m256i *)(out->ql + 64 * half + 32), ql1);
-                _mm256_storeu_si256((__m256i *)(out->qh + 32 * half), qh);
-            }
-        }
-    }
-}
-
 TILE_KERNEL(vec_dot_q6_K_x16_q8_K_tile, q6_K_tile_rows)
 
 #if defined(__clang__)
@@ -397,10 +343,6 @@ TILE_KERNEL(vec_dot_q6_K_x16_q8_K_tile, q6_K_tile_rows)
 const tile_kernel_fn tile_kernel_table_avx2[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_K_X16] = vec_dot_q4_K_x16_q8_K_tile,
     [PYLLM_TYPE_Q6_K_X16] = vec_dot_q6_K_x16_q8_K_tile,
-};
-
-const tile_gather_fn tile_gather_table_avx2[PYLLM_TYPE_COUNT] = {
-    [PYLLM_TYPE_Q6_K_X16] = tile_gather_q6_K_x16,
 };
 
 #endif

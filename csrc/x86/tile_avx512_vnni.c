@@ -1,6 +1,7 @@
 /*
  * tile_avx512_vnni.c - the tile kernels of the tiled layouts (backend/kernel_set.h: tile_kernel_fn) on
- * AVX-512 VNNI: 16 weight rows in the 16 lanes of a vector against one or two activation rows (Q4_K's: up to four).
+ * AVX-512 VNNI: 16 weight rows in the 16 lanes of a vector against one or two activation rows (the K-quants': two to
+ * four, and one by avx2's kernel).
  *
  * The multi-row kernels of vec_dot_avx2.inc hold one output's 8 lane sums in a vector and pay a dot, a
  * permute, a conversion and an FMA per row and block; the single-row ones also unpack every block for one
@@ -11,9 +12,10 @@
  * scale d_w * d_a is the same product, and the closing tree is the same adds between accumulators. Q8_0's
  * offset of 128 comes back out exactly: each lane's sum starts from -128 * its 4 activations (act_rows
  * offsets); Q5_0's q (0..31: the nibble, plus 16 by a byte-masked add where the lane's mask has the fifth
- * bit) the same way with 16. Q4_K_X16 puts both 8-row halves of its tiles (formats/blocks.h) in one vector; its
- * nibbles are the unsigned operand as they are, and a group's 6-bit scale multiplies its exact int32 dot in the
- * lanes (vpmulld), so a chunk's sum is the reference's integer before its one conversion.
+ * bit) the same way with 16. Q4_K_X16 and Q6_K_X16 put both 8-row halves of their tiles (formats/blocks.h) in one
+ * vector; their quants are the unsigned operand as they are (Q6_K's -32 is the start of each group's dot: -32 times
+ * the row's group sum), and a group's scale multiplies its exact int32 dot in the lanes (vpmulld), so a chunk's (a
+ * superblock's) sum is the reference's integer before its one conversion.
  *
  * Built without global -m flags: the kernels get their target by pragma and run only where backends_x86.c has
  * seen the CPU features.
@@ -256,15 +258,100 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
     for (int r = 0; r < n_rows; ++r) _mm512_storeu_ps(out + r * stride, _mm512_sub_ps(acc[r], mins[r]));
 }
 
+/* Two to four rows; a decode step's one goes to avx2's kernel, which streams the tiles from memory faster through a
+ * whole decode step (bench/README.md). */
 static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
                                        int64_t stride, const uint8_t *prefetch, int next_tile) {
     switch (n_rows) {
     case 4: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
     case 3: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
     case 2: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
-    default: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 1);
+    default: tile_kernel_table_avx2[PYLLM_TYPE_Q4_K_X16](n, tile, rows, n_rows, out, stride, prefetch, next_tile);
     }
 }
+
+/* ---- Q6_K_X16: the same, over tile_q6_K ---- */
+
+#define Q6_K_MAX_ROWS 4
+
+/* A group's 4 units of the 16 rows, unsigned (formats/blocks.h: tile_q6_K): units 0..2 in bits 0..5 of their bytes,
+ * unit 3 rebuilt from the three bytes' bits 6-7 (each masked before its 16-bit shift, so no bit crosses a byte). */
+KERNEL_INLINE void q6_K_units(const uint8_t *bytes, size_t half, __m512i q[4]) {
+    const __m512i low6 = _mm512_set1_epi8(0x3F);
+    const __m512i b0 = both_halves(bytes, half), b1 = both_halves(bytes + 32, half), b2 = both_halves(bytes + 64, half);
+    q[0] = _mm512_and_si512(b0, low6);
+    q[1] = _mm512_and_si512(b1, low6);
+    q[2] = _mm512_and_si512(b2, low6);
+    q[3] = _mm512_or_si512(_mm512_or_si512(_mm512_srli_epi16(_mm512_andnot_si512(low6, b0), 2),
+                                           _mm512_srli_epi16(_mm512_andnot_si512(low6, b1), 4)),
+                           _mm512_srli_epi16(_mm512_andnot_si512(low6, b2), 6));
+}
+
+/* The tile against n_rows q8_K rows: each group's exact int32 sum of (q - 32) * a (the dots started from -32 times
+ * the row's group sum), times the lanes' scales (vpmulld), summed over the superblock, then vec_dot_generic.c's
+ * acc = fmaf(d * (float)sum, d_a, acc). */
+KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
+                                  const uint8_t *prefetch, const int next_tile, const int n_rows) {
+    __m512 acc[Q6_K_MAX_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) acc[r] = _mm512_setzero_ps();
+    const size_t half_units = sizeof ((const tile_q6_K *)tile)->qs[0][0];
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const tile_q6_K *x = (const tile_q6_K *)tile + b;
+        if (next_tile) {
+            const char *ahead = (const char *)prefetch + b * (int64_t)sizeof(tile_q6_K);
+            for (size_t line = 0; line < sizeof(tile_q6_K); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+        }
+        const block_q8_K *y[Q6_K_MAX_ROWS];
+        int32_t start[Q6_K_MAX_ROWS][16];  /* -32 * group g's activations summed */
+        __m512i sums[Q6_K_MAX_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) {
+            y[r] = (const block_q8_K *)rows[r].rows[0] + b;
+            const __m512i group_sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)y[r]->bsums));
+            _mm512_storeu_si512(start[r], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(group_sums, 5)));
+            sums[r] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 1
+        for (int p = 0; p < 8; ++p) {
+            /* lane i's scales of groups 2 p and 2 p + 1: the two bytes of its word, sign-extended */
+            const __m512i pair = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)x->scales[p]));
+            const __m512i scale[2] = {_mm512_srai_epi32(_mm512_slli_epi32(pair, 24), 24), _mm512_srai_epi32(pair, 8)};
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; ++j) {
+                __m512i q[4];
+                q6_K_units(x->qs[p][0][j][0][0], half_units, q);
+                const int g = 2 * p + j;
+#pragma GCC unroll 4
+                for (int r = 0; r < n_rows; ++r) {
+                    __m512i dot = _mm512_set1_epi32(start[r][g]);
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u) dot = dpbusd_broadcast(dot, q[u], y[r]->qs + 16 * g + 4 * u);
+                    sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(dot, scale[j]));
+                }
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x->d));
+#pragma GCC unroll 4
+        for (int r = 0; r < n_rows; ++r) {
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sums[r])), _mm512_set1_ps(y[r]->d), acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < n_rows; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
+}
+
+/* Two to four rows; one as Q4_K's does. */
+static void vec_dot_q6_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
+                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
+    switch (n_rows) {
+    case 4: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
+    case 3: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
+    case 2: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
+    default: tile_kernel_table_avx2[PYLLM_TYPE_Q6_K_X16](n, tile, rows, n_rows, out, stride, prefetch, next_tile);
+    }
+}
+
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -275,6 +362,7 @@ static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_ro
 const tile_kernel_fn tile_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT] = {
     [PYLLM_TYPE_Q4_1_X16] = vec_dot_q4_1_x16_q8_1_tile, [PYLLM_TYPE_Q8_0_X16] = vec_dot_q8_0_x16_q8_0_tile,
     [PYLLM_TYPE_Q5_0_X16] = vec_dot_q5_0_x16_q8_0_tile, [PYLLM_TYPE_Q4_K_X16] = vec_dot_q4_K_x16_q8_K_tile,
+    [PYLLM_TYPE_Q6_K_X16] = vec_dot_q6_K_x16_q8_K_tile,
 };
 
 #endif

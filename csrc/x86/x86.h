@@ -25,9 +25,8 @@ extern const panel_prepare_fn panel_prepare_avx512_vnni;
 extern const panel_unpack_fn panel_unpack_table_avx512_vnni[PYLLM_TYPE_COUNT];
 extern const panel_kernel_fn panel_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT];
 
-/* tile_avx2.c: the tile kernels of Q4_K_X16 and Q6_K_X16, and Q6_K_X16 tiles rebuilt into rows */
+/* tile_avx2.c: the tile kernels of Q4_K_X16 and Q6_K_X16 */
 extern const tile_kernel_fn tile_kernel_table_avx2[PYLLM_TYPE_COUNT];
-extern const tile_gather_fn tile_gather_table_avx2[PYLLM_TYPE_COUNT];
 
 /* tile_avx512_vnni.c: the tiled layouts' 16 rows a vector */
 extern const tile_kernel_fn tile_kernel_table_avx512_vnni[PYLLM_TYPE_COUNT];
