@@ -645,13 +645,17 @@ static void test_interleaved_is_plain(void) {
         }
     }
     CHECK(bad_plans == 0, "tiled layouts: %d plans without their tiles or panels", bad_plans);
-    /* avx512_vnni's own Q4_K tile kernel takes a prompt's rows too, 4 a call, where its panels (the same bits) are
+    /* avx512_vnni's own K-quant tile kernels take a prompt's rows too, 4 a call, where its panels (the same bits) are
      * slower (bench/README.md): only the set shows a prompt sent the slow way */
-    const pyllm_kernel_set *vnni_q4_K = kernel_set(PYLLM_TIER_AVX512_VNNI, PYLLM_TYPE_Q4_K_X16);
-    CHECK(!tier_runs(PYLLM_TIER_AVX512_VNNI) ||
-              (vnni_q4_K->tile != NULL && vnni_q4_K->tile != kernel_set(PYLLM_TIER_AVX2, PYLLM_TYPE_Q4_K_X16)->tile &&
-               vnni_q4_K->tile_prefill && vnni_q4_K->tile_max_rows == 4),
-          "avx512_vnni: Q4_K_X16 prompts do not go to its own tile kernel, 4 rows a call");
+    const int k_quants[] = {PYLLM_TYPE_Q4_K_X16, PYLLM_TYPE_Q6_K_X16};
+    for (int i = 0; i < 2; ++i) {
+        const int k_quant = k_quants[i];
+        const pyllm_kernel_set *vnni = kernel_set(PYLLM_TIER_AVX512_VNNI, k_quant);
+        CHECK(!tier_runs(PYLLM_TIER_AVX512_VNNI) ||
+                  (vnni->tile != NULL && vnni->tile != kernel_set(PYLLM_TIER_AVX2, k_quant)->tile &&
+                   vnni->tile_prefill && vnni->tile_max_rows == 4),
+              "avx512_vnni: %s prompts do not go to its own tile kernel, 4 rows a call", pyllm_type_name(k_quant));
+    }
     CHECK(!tier_runs(PYLLM_TIER_NEON_I8MM) || (kernel_set(PYLLM_TIER_NEON_I8MM, PYLLM_TYPE_Q4_K_X16)->tile != NULL &&
                                                kernel_set(PYLLM_TIER_NEON_I8MM, PYLLM_TYPE_Q4_K_X16)->panel != NULL),
           "neon_i8mm: Q4_K_X16 without its tile kernel or the panels of Q4_K");

@@ -352,7 +352,6 @@ static void vec_dot_q6_K_x16_q8_K_tile(int64_t n, const void *tile, const act_ro
     }
 }
 
-
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
