@@ -151,7 +151,7 @@ TILE_KERNEL(vec_dot_q5_0_x16_q8_0_tile, FMT_Q5_0)
 
 /* ---- Q4_K_X16: both halves of a tile in one vector, lane i weight row i ---- */
 
-#define Q4_K_MAX_ROWS 4
+#define K_QUANT_MAX_ROWS 4  /* the rows the K-quant kernels' registers hold */
 
 /* The same 32 bytes of both halves of a tile_q4_K field (half 1's at half0 + offset): lane i is row i. */
 KERNEL_INLINE __m512i both_halves(const void *half0, size_t offset) {
@@ -201,7 +201,7 @@ KERNEL_INLINE void q4_K_unpack_scales(const tile_q4_K *x, q4_K_scales *s) {
  * and the row's group-sum pair, chained into mins the same way; acc - mins. */
 KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
                                   const uint8_t *prefetch, const int next_tile, const int n_rows) {
-    __m512 acc[Q4_K_MAX_ROWS], mins[Q4_K_MAX_ROWS];
+    __m512 acc[K_QUANT_MAX_ROWS], mins[K_QUANT_MAX_ROWS];
 #pragma GCC unroll 4
     for (int r = 0; r < n_rows; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
     const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -216,9 +216,9 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
         q4_K_unpack_scales(x, &s);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x->d));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x->dmin));
-        const block_q8_K *y[Q4_K_MAX_ROWS];
-        __m512 d_row[Q4_K_MAX_ROWS], dmin_row[Q4_K_MAX_ROWS];
-        int32_t group_pairs[Q4_K_MAX_ROWS][4];  /* chunk c's two groups' activation sums, as two int16 */
+        const block_q8_K *y[K_QUANT_MAX_ROWS];
+        __m512 d_row[K_QUANT_MAX_ROWS], dmin_row[K_QUANT_MAX_ROWS];
+        int32_t group_pairs[K_QUANT_MAX_ROWS][4];  /* chunk c's two groups' activation sums, as two int16 */
 #pragma GCC unroll 4
         for (int r = 0; r < n_rows; ++r) {
             y[r] = (const block_q8_K *)rows[r].rows[0] + b;
@@ -230,7 +230,7 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
         }
 #pragma GCC unroll 1
         for (int c = 0; c < 4; ++c) {
-            __m512i dot_low[Q4_K_MAX_ROWS], dot_high[Q4_K_MAX_ROWS];
+            __m512i dot_low[K_QUANT_MAX_ROWS], dot_high[K_QUANT_MAX_ROWS];
 #pragma GCC unroll 4
             for (int r = 0; r < n_rows; ++r) dot_low[r] = dot_high[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -258,21 +258,23 @@ KERNEL_INLINE void q4_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
     for (int r = 0; r < n_rows; ++r) _mm512_storeu_ps(out + r * stride, _mm512_sub_ps(acc[r], mins[r]));
 }
 
-/* Two to four rows; a decode step's one goes to avx2's kernel, which streams the tiles from memory faster through a
- * whole decode step (bench/README.md). */
-static void vec_dot_q4_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
-                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
-    switch (n_rows) {
-    case 4: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
-    case 3: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
-    case 2: q4_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
-    default: tile_kernel_table_avx2[PYLLM_TYPE_Q4_K_X16](n, tile, rows, n_rows, out, stride, prefetch, next_tile);
+/* A K-quant tile kernel (tile_kernel_fn) from an inline kernel of a fixed row count, for two to four rows; a decode
+ * step's one goes to avx2's kernel of the layout, which streams the tiles from memory faster through a whole decode
+ * step (bench/README.md). */
+#define K_QUANT_TILE_KERNEL(name, rows_kernel, layout)                                                           \
+    static void name(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out, int64_t stride, \
+                     const uint8_t *prefetch, int next_tile) {                                                  \
+        switch (n_rows) {                                                                                       \
+        case 4: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 4); break;                        \
+        case 3: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 3); break;                        \
+        case 2: rows_kernel(n, tile, rows, out, stride, prefetch, next_tile, 2); break;                        \
+        default: tile_kernel_table_avx2[layout](n, tile, rows, n_rows, out, stride, prefetch, next_tile);       \
+        }                                                                                                       \
     }
-}
+
+K_QUANT_TILE_KERNEL(vec_dot_q4_K_x16_q8_K_tile, q4_K_tile_rows, PYLLM_TYPE_Q4_K_X16)
 
 /* ---- Q6_K_X16: the same, over tile_q6_K ---- */
-
-#define Q6_K_MAX_ROWS 4
 
 /* A group's 4 units of the 16 rows, unsigned (formats/blocks.h: tile_q6_K): units 0..2 in bits 0..5 of their bytes,
  * unit 3 rebuilt from the three bytes' bits 6-7 (each masked before its 16-bit shift, so no bit crosses a byte). */
@@ -292,7 +294,7 @@ KERNEL_INLINE void q6_K_units(const uint8_t *bytes, size_t half, __m512i q[4]) {
  * acc = fmaf(d * (float)sum, d_a, acc). */
 KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows *rows, float *out, int64_t stride,
                                   const uint8_t *prefetch, const int next_tile, const int n_rows) {
-    __m512 acc[Q6_K_MAX_ROWS];
+    __m512 acc[K_QUANT_MAX_ROWS];
 #pragma GCC unroll 4
     for (int r = 0; r < n_rows; ++r) acc[r] = _mm512_setzero_ps();
     const size_t half_units = sizeof ((const tile_q6_K *)tile)->qs[0][0];
@@ -302,9 +304,9 @@ KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
             const char *ahead = (const char *)prefetch + b * (int64_t)sizeof(tile_q6_K);
             for (size_t line = 0; line < sizeof(tile_q6_K); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
         }
-        const block_q8_K *y[Q6_K_MAX_ROWS];
-        int32_t start[Q6_K_MAX_ROWS][16];  /* -32 * group g's activations summed */
-        __m512i sums[Q6_K_MAX_ROWS];
+        const block_q8_K *y[K_QUANT_MAX_ROWS];
+        int32_t start[K_QUANT_MAX_ROWS][16];  /* -32 * group g's activations summed */
+        __m512i sums[K_QUANT_MAX_ROWS];
 #pragma GCC unroll 4
         for (int r = 0; r < n_rows; ++r) {
             y[r] = (const block_q8_K *)rows[r].rows[0] + b;
@@ -341,16 +343,7 @@ KERNEL_INLINE void q6_K_tile_rows(int64_t n, const uint8_t *tile, const act_rows
     for (int r = 0; r < n_rows; ++r) _mm512_storeu_ps(out + r * stride, acc[r]);
 }
 
-/* Two to four rows; one as Q4_K's does. */
-static void vec_dot_q6_K_x16_q8_K_tile(int64_t n, const void *tile, const act_rows *rows, int n_rows, float *out,
-                                       int64_t stride, const uint8_t *prefetch, int next_tile) {
-    switch (n_rows) {
-    case 4: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 4); break;
-    case 3: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 3); break;
-    case 2: q6_K_tile_rows(n, tile, rows, out, stride, prefetch, next_tile, 2); break;
-    default: tile_kernel_table_avx2[PYLLM_TYPE_Q6_K_X16](n, tile, rows, n_rows, out, stride, prefetch, next_tile);
-    }
-}
+K_QUANT_TILE_KERNEL(vec_dot_q6_K_x16_q8_K_tile, q6_K_tile_rows, PYLLM_TYPE_Q6_K_X16)
 
 #if defined(__clang__)
 #pragma clang attribute pop
