@@ -322,8 +322,8 @@ def test_interleaved_is_plain(interleaved: GGMLType) -> None:
 
 def test_interleaved_type_follows_the_tier() -> None:
     """Matrices are interleaved only where the active tier has their tile kernels: Q4_1, Q8_0 and Q5_0 on avx512_vnni,
-    Q4_K from avx2 up and on neon_dotprod and neon_i8mm, Q6_K from avx2 up (where a tier has panels, avx512_vnni and
-    neon_i8mm, its prompts rebuild the tiles into rows for them)."""
+    Q4_K from avx2 up and on neon_dotprod and neon_i8mm, Q6_K from avx2 up (neon_i8mm's prompts rebuild the tiles into
+    rows for its panels)."""
     tier = kernels.active_tier()
     try:
         for use_tier in AVAILABLE_TIERS:

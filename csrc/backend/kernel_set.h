@@ -84,11 +84,6 @@ typedef void (*tile_kernel_fn)(int64_t n, const void *tile, const act_rows *rows
                                int64_t stride, const uint8_t *prefetch, int next_tile);
 #define TILE_MAX_ROWS 4
 
-/* _gather: one tile of a tiled layout (its first block at tile) rebuilt into its 16 plain rows of n elements, row i at
- * dst + i * (a plain row's bytes): formats' tile_gather (every tiled set's unless its tier has a faster one, the same
- * bytes). */
-typedef void (*tile_gather_fn)(int layout, const void *tile, int64_t n, void *dst);
-
 /* Every kernel of one tier for weights in one layout. Each shape but vec_dot may be NULL (the tier has none); the
  * matmul then goes down to the next one that serves (matmul/plan.c). */
 struct pyllm_kernel_set {
@@ -110,7 +105,6 @@ struct pyllm_kernel_set {
     int tile_max_rows;              /* the most activation rows one tile call takes */
     int tile_prefill;               /* 1: a prompt's rows go to the tile kernel too; 0: a prompt reads each tile
                                        gathered back into plain rows (rows4 / rows8: the plain type's) */
-    tile_gather_fn tile_gather;     /* a tiled layout's */
 };
 
 /* ---- the non-matmul kernels of a tier ---- */

@@ -70,12 +70,10 @@ static void build_set(int tier, int type) {
                                   .panel_prepare = plain->panel_prepare, .panel_unpack = plain->panel_unpack,
                                   .panel = plain->panel, .panel_layout = plain->panel_layout, .tile = set->tile,
                                   .tile_max_rows = set->tile != NULL ? set->tile_max_rows : 0,
-                                  .tile_prefill = set->tile != NULL && set->tile_prefill,
-                                  .tile_gather = set->tile_gather != NULL ? set->tile_gather : tile_gather};
+                                  .tile_prefill = set->tile != NULL && set->tile_prefill};
     } else {
         set->tile = NULL;
         set->tile_max_rows = 0;
-        set->tile_gather = NULL;
     }
     if (set->panel_prepare == NULL || set->panel_unpack == NULL || set->panel == NULL) {
         set->panel_prepare = NULL, set->panel_unpack = NULL, set->panel = NULL, set->panel_layout = PANEL_LAYOUT_LANES;

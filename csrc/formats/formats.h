@@ -69,8 +69,8 @@ static inline int nearest_int(float v) {
  * into dst. */
 void tile_gather_row(int layout, const void *w, int64_t row, int64_t n, void *dst);
 
-/* Every row of one tile (its first block at tile), the same, into dst one after another: the portable form of a kernel
- * set's tile_gather. */
+/* Every row of one tile (its first block at tile), the same, into dst one after another (a prompt on a tier whose tile
+ * kernel takes only decode steps). */
 void tile_gather(int layout, const void *tile, int64_t n, void *dst);
 
 #endif /* PYLLM_FORMATS_H */

@@ -28,9 +28,9 @@ typedef struct {
  * X's rows go, in this order, to panels of PANEL_ROWS (where the set has panel kernels), to groups of
  * VEC_DOT_MAX_ROWS for the multi-row kernels, and one at a time (the single rows) to the prepared kernel, the
  * cols4 kernel or vec_dot. A tiled W takes every X row, tile_max_rows at a time, to its tile kernel (a prompt's as
- * well where the set says tile_prefill); otherwise (a prompt on avx512_vnni's Q6_K tiles or the ARM tiers' Q4_K
- * tiles, a tier with no tile kernel) each tile is rebuilt into plain rows (tile_gather) for the plain format's panels, multi-row
- * kernels and vec_dot.
+ * well where the set says tile_prefill); otherwise (a prompt on the ARM tiers' Q4_K tiles, a tier with no tile
+ * kernel) each tile is rebuilt into plain rows (tile_gather) for the plain format's panels, multi-row kernels and
+ * vec_dot.
  *
  * The weight rows of all the weights, one after another and each rounded up to whole tiles, are dealt out to the
  * threads: a decode step's in one contiguous range a thread, a prefill's in chunks to whichever thread asks next. */

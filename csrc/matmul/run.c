@@ -200,7 +200,7 @@ static void dot_weight(const matmul_run_state *run, const x_rows *x, const matmu
         int64_t first = 0;
         if (plan->tiled) {  /* a whole tile (tiled rows are a multiple of it), rebuilt once for every X row */
             const uint8_t *first_block = (const uint8_t *)w->data + tile * plan->w_row_bytes;
-            plan->ks->tile_gather(plan->ks->type, first_block, plan->k, gathered);
+            tile_gather(plan->ks->type, first_block, plan->k, gathered);
             data = gathered, first = tile;
         }
         if (panels) dot_panels(run, w, data, first, tile, tile_end, unpacked);

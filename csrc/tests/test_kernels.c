@@ -538,7 +538,7 @@ static void test_grouped_q5_0_is_q5_0(void) {
 }
 
 /* Interleaved matrices (Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_K_X16, Q6_K_X16) are their plain matrices: each row
- * gathered back is the plain row's bytes (and each tile a tier rebuilds whole), rows dequantize to the same values,
+ * gathered back is the plain row's bytes (and each tile rebuilt whole), rows dequantize to the same values,
  * the tile kernels (where the CPU runs them) give generic vec_dot's bits for one to four activation rows, and matmul
  * gives the plain type's bits for every M (panels, tile passes, an odd last row) and thread count, on every tier
  * (where a tier has no tile kernel: rebuilt rows through vec_dot). 1..20 blocks a row (1..6 superblocks), every kind
@@ -579,16 +579,12 @@ static void test_interleaved_is_plain(void) {
                 CHECK(memcmp(f_plain, f_rows + r * n, (size_t)n * sizeof(float)) == 0, "%s blocks=%d row %d: values differ",
                       pyllm_type_name(type), blocks, r);
             }
-            for (int t = 0; t <= pyllm_cpu_best_tier(); ++t) {  /* each tier's rebuilding of whole tiles */
-                const tile_gather_fn gather = tier_runs(t) ? kernel_set(t, type)->tile_gather : NULL;
-                for (int tile = 0; gather != NULL && tile < N_OUT / X16_ROWS; ++tile) {
-                    uint8_t *rebuilt = malloc((size_t)(X16_ROWS * row_bytes));
-                    gather(type, tiles + tile * X16_ROWS * row_bytes, n, rebuilt);
-                    CHECK(memcmp(rebuilt, plain + tile * X16_ROWS * row_bytes, (size_t)(X16_ROWS * row_bytes)) == 0,
-                          "%s blocks=%d tile %d tier %s: a tile's rows rebuilt differ", pyllm_type_name(type), blocks,
-                          tile, pyllm_tier_name(t));
-                    free(rebuilt);
-                }
+            for (int tile = 0; tile < N_OUT / X16_ROWS; ++tile) {  /* whole tiles, as a prompt rebuilds them */
+                uint8_t *rebuilt = malloc((size_t)(X16_ROWS * row_bytes));
+                tile_gather(type, tiles + tile * X16_ROWS * row_bytes, n, rebuilt);
+                CHECK(memcmp(rebuilt, plain + tile * X16_ROWS * row_bytes, (size_t)(X16_ROWS * row_bytes)) == 0,
+                      "%s blocks=%d tile %d: a tile's rows rebuilt differ", pyllm_type_name(type), blocks, tile);
+                free(rebuilt);
             }
             for (int64_t i = 0; i < M_MAX * n; ++i) x[i] = (blocks % 7 == 6 && i < n) ? 0.0f : rng_float(-1, 1);
             for (int n_rows = 1; kernel != NULL && n_rows <= kernel_set(pyllm_cpu_best_tier(), type)->tile_max_rows; ++n_rows) {

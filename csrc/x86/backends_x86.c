@@ -76,8 +76,6 @@ static void fill_avx512_vnni(int type, pyllm_kernel_set *set) {
         /* as many rows as a kernel's registers hold */
         set->tile_max_rows = type == PYLLM_TYPE_Q4_K_X16 || type == PYLLM_TYPE_Q6_K_X16 ? 4 : 2;
         set->tile_prefill = 1;  /* the weights already in lanes beat unpacking them for panels (bench/README.md) */
-    } else {  /* a tiled layout with no kernel here: avx2's for decode steps, a prompt's tiles rebuilt for the panels */
-        set->tile_prefill = 0;
     }
 }
 
